@@ -1,0 +1,256 @@
+"""Every environment variable hybridagg reads, in one place.
+
+No other module calls ``os.environ`` with a literal name: each variable is
+declared here once with its default and meaning, read through the typed
+getters below, and listed by ``hybridagg env`` (and in the README).
+
+Variables owned by hybridagg start with ``HYBRIDAGG_``. Variables set by
+launchers (Slurm, Open MPI, MPICH/PMI) or by other libraries are declared too,
+marked ``owner`` accordingly, because hybridagg reads them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "ENV_VARS",
+    "EnvVar",
+    "describe",
+    "export",
+    "get_bool",
+    "get_float",
+    "get_int",
+    "get_str",
+]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable hybridagg reads.
+
+    Attributes:
+        name: The variable's name.
+        default: Value used when it is unset (``None``: no default).
+        doc: What it means.
+        owner: Who sets it: ``"hybridagg"`` (the user), or the launcher or
+            library that defines it.
+    """
+
+    name: str
+    default: str | None
+    doc: str
+    owner: str = "hybridagg"
+
+
+_DECLARED = [
+    # --- hybridagg's own knobs -------------------------------------------
+    EnvVar(
+        "HYBRIDAGG_TIMEOUT",
+        "600",
+        "Seconds any single wait on MPI may take before it raises a "
+        "CommTimeoutError naming the operation and peer (the job then aborts).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_POLL_SPIN_US",
+        "50",
+        "Microseconds a wait spins on MPI_Test before it starts sleeping.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_POLL_MAX_SLEEP_US",
+        "2000",
+        "Longest sleep between two polls of a pending MPI request (back-off cap).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_NUM_THREADS",
+        None,
+        "Compute threads per rank (torch.set_num_threads). Default: "
+        "OMP_NUM_THREADS if set, else 1, since ranks share a node's cores.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_ABORT_ON_ERROR",
+        "1",
+        "1: an unhandled exception on any rank prints the rank and reason and "
+        "calls MPI_Abort so the job ends instead of hanging. 0: leave "
+        "sys.excepthook alone.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_MPIEXEC",
+        None,
+        "Path of the mpiexec to use for child jobs (tests, benchmarks, "
+        "launch/). Default: the one beside the Python interpreter, then PATH.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SLOWDOWN",
+        None,
+        "Emulated heterogeneity, e.g. '0-1:1,2-3:4' (world rank: factor); "
+        "seen by the speed probe of groups='speed' and by training.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_RUN_TOKEN",
+        None,
+        "Set by hybridagg.runner in every process of a job it starts, so that "
+        "leftover ranks can be found and killed after a timeout.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_TEST_RESULTS",
+        None,
+        "Test harness only: folder where each rank of a multi-rank test writes "
+        "its outcome (its presence means 'this pytest is one rank of a test').",
+        "tests",
+    ),
+    EnvVar(
+        "HYBRIDAGG_TEST_SHARED_TMP",
+        None,
+        "Test harness only: a temporary folder shared by all ranks of a test.",
+        "tests",
+    ),
+    # --- set by launchers; read to find rank and node ---------------------
+    EnvVar("SLURM_PROCID", None, "Global task rank under srun.", "slurm"),
+    EnvVar("SLURM_LOCALID", None, "Node-local task rank under srun.", "slurm"),
+    EnvVar("SLURM_NTASKS", None, "Number of tasks in the step.", "slurm"),
+    EnvVar("SLURM_JOB_ID", None, "Job id; present inside an allocation.", "slurm"),
+    EnvVar(
+        "SLURM_HET_JOB_ID",
+        None,
+        "Heterogeneous job id (the same in every component).",
+        "slurm",
+    ),
+    EnvVar(
+        "SLURM_HET_SIZE",
+        None,
+        "Number of components of a heterogeneous job.",
+        "slurm",
+    ),
+    EnvVar(
+        "OMPI_COMM_WORLD_RANK", None, "Global rank under Open MPI's mpiexec.", "openmpi"
+    ),
+    EnvVar(
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        None,
+        "Node-local rank under Open MPI's mpiexec.",
+        "openmpi",
+    ),
+    EnvVar("PMI_RANK", None, "Global rank under MPICH/Hydra (PMI).", "mpich"),
+    EnvVar(
+        "OMP_NUM_THREADS",
+        None,
+        "OpenMP threads; respected as the compute-thread default.",
+        "openmp",
+    ),
+    EnvVar(
+        "OMPI_ALLOW_RUN_AS_ROOT",
+        None,
+        "Open MPI refuses to start as root unless this and "
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM are 1; hybridagg.runner sets both for "
+        "the jobs it starts.",
+        "openmpi",
+    ),
+    EnvVar(
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+        None,
+        "See OMPI_ALLOW_RUN_AS_ROOT.",
+        "openmpi",
+    ),
+    EnvVar(
+        "PRTE_MCA_rmaps_default_mapping_policy",
+        None,
+        "Open MPI 5 (PRRTE) mapping policy; ':oversubscribe' allows more ranks "
+        "than cores. Set by hybridagg.runner when oversubscribing.",
+        "openmpi",
+    ),
+    EnvVar(
+        "HDF5_USE_FILE_LOCKING",
+        None,
+        "HDF5 file locking (FALSE on NFS/Lustre where locks fail).",
+        "hdf5",
+    ),
+]
+
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
+
+
+def _lookup(name: str) -> str | None:
+    try:
+        var = ENV_VARS[name]
+    except KeyError:
+        raise KeyError(
+            f"environment variable {name!r} is not declared in hybridagg.config"
+        ) from None
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return var.default
+    return value
+
+
+def get_str(name: str) -> str | None:
+    """Return a declared variable's value, or its default."""
+    return _lookup(name)
+
+
+def get_int(name: str) -> int | None:
+    """Return a declared variable as an int (``None`` when unset, no default).
+
+    Raises:
+        ValueError: The value is not an integer.
+    """
+    value = _lookup(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def get_float(name: str) -> float | None:
+    """Return a declared variable as a float (``None`` when unset, no default).
+
+    Raises:
+        ValueError: The value is not a number.
+    """
+    value = _lookup(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
+def get_bool(name: str) -> bool:
+    """Return a declared variable as a boolean (1/0, true/false, yes/no, on/off).
+
+    Raises:
+        ValueError: The value is none of those.
+    """
+    value = _lookup(name)
+    if value is None:
+        return False
+    low = value.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={value!r} is not a boolean (use 1 or 0)")
+
+
+def export(name: str, value: str) -> None:
+    """Set a declared variable for this process and the processes it starts."""
+    if name not in ENV_VARS:
+        raise KeyError(
+            f"environment variable {name!r} is not declared in hybridagg.config"
+        )
+    os.environ[name] = value
+
+
+def describe() -> str:
+    """Return a Markdown table of every declared variable and its current value."""
+    lines = ["| variable | set by | default | now | meaning |", "|---|---|---|---|---|"]
+    for var in _DECLARED:
+        now = os.environ.get(var.name, "")
+        lines.append(
+            f"| `{var.name}` | {var.owner} | {var.default or ''} | {now} | {var.doc} |"
+        )
+    return "\n".join(lines)

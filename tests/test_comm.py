@@ -1,0 +1,145 @@
+"""The communicator wrapper under real MPI."""
+
+import resource
+import time
+
+import numpy as np
+import pytest
+import torch
+
+RANKS = [1, 2, 3, 4, 5]
+
+
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_as_buffer_is_zero_copy_and_checks_input():
+    from mpi4py import MPI
+
+    from hybridagg.comm import as_buffer, mpi_dtype
+
+    t = torch.arange(6, dtype=torch.float32)
+    buf, count, dtype = as_buffer(t)
+    assert count == 6 and dtype == MPI.FLOAT
+    view = np.frombuffer(buf, dtype=np.float32)
+    view[2] = 42.0  # writing through the buffer changes the tensor itself
+    assert t[2].item() == 42.0
+    a = np.zeros(3, dtype=np.int64)
+    assert as_buffer(a)[0] is a and as_buffer(a)[2] == MPI.INT64_T
+    assert mpi_dtype(torch.float64) == MPI.DOUBLE
+    with pytest.raises(ValueError, match="contiguous"):
+        as_buffer(torch.zeros(4, 4).t())
+    with pytest.raises(TypeError, match="no MPI datatype"):
+        as_buffer(torch.zeros(3, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"torch\.Tensor or numpy"):
+        as_buffer([1, 2, 3])
+
+
+@pytest.mark.mpi(ranks=RANKS, timeout=90)
+def test_collectives_match_a_local_reference():
+    from hybridagg.comm import Comm
+
+    comm = Comm(name="t")
+    n = comm.size
+    x = torch.arange(1000, dtype=torch.float64) * (comm.rank + 1)
+    ptr = x.data_ptr()
+    comm.allreduce(x)
+    assert x.data_ptr() == ptr
+    torch.testing.assert_close(
+        x, torch.arange(1000, dtype=torch.float64) * n * (n + 1) / 2
+    )
+
+    y = torch.full((5,), float(comm.rank))
+    comm.bcast(y, root=n - 1)
+    assert torch.all(y == n - 1)
+
+    gathered = comm.allgather_obj({"rank": comm.rank, "pad": "x" * comm.rank * 100})
+    assert [g["rank"] for g in gathered] == list(range(n))
+    assert comm.bcast_obj(("hello", comm.rank), root=0) == ("hello", 0)
+
+    sub = comm.split(comm.rank % 2, name="parity")
+    assert sub.size == len(range(comm.rank % 2, n, 2))
+    total = sub.allreduce(np.array([comm.rank], dtype=np.int64))
+    assert total[0] == sum(range(comm.rank % 2, n, 2))
+    sub.free()
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_point_to_point_ring():
+    from hybridagg.comm import Comm
+
+    comm = Comm(name="ring")
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    out = torch.full((100,), float(comm.rank))
+    inbox = torch.empty(100)
+    reqs = [comm.irecv(inbox, left, tag=7), comm.isend(out, right, tag=7)]
+    comm.wait(reqs, "ring exchange")
+    assert torch.all(inbox == left)
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3], timeout=60)
+def test_error_on_one_rank_is_the_same_error_everywhere():
+    from hybridagg.comm import Comm, RemoteError
+
+    comm = Comm(name="check")
+    comm.check(None)  # nobody failed: nothing raised
+    bad = comm.size - 1
+    err = ValueError("groups spec '0-9' names rank 9") if comm.rank == bad else None
+    with pytest.raises(ValueError) as info:
+        comm.check(err, what="spec validation")
+    assert str(info.value) == f"[rank {bad}] groups spec '0-9' names rank 9"
+
+    class Custom(Exception):
+        pass
+
+    err = Custom("odd") if comm.rank == 0 else None
+    with pytest.raises(RemoteError, match=r"\[rank 0\] Custom: odd"):
+        comm.check(err)
+
+
+@pytest.mark.mpi(ranks=2, timeout=60)
+def test_wait_times_out_with_the_operation_named():
+    from hybridagg.comm import Comm, CommTimeoutError
+
+    comm = Comm(name="lonely", timeout=0.5)
+    if comm.rank == 0:
+        buf = torch.empty(4)
+        req = comm.irecv(buf, source=1, tag=99)  # rank 1 never sends this
+        with pytest.raises(CommTimeoutError, match="never-sent message on lonely"):
+            comm.wait(req, "never-sent message")
+        req.Cancel()
+    comm.barrier(timeout=30)
+
+
+@pytest.mark.mpi(ranks=2, timeout=60)
+def test_idle_wait_costs_well_under_a_tenth_of_a_core():
+    from hybridagg.comm import Comm
+
+    comm = Comm(name="idle")
+    comm.barrier()
+    if comm.rank == 1:
+        time.sleep(2.0)  # the peer sleeps; rank 0 waits for it
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    comm.barrier(what="barrier with a sleeping peer")
+    cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
+    if comm.rank == 0:
+        assert wall > 1.5
+        assert cpu / wall < 0.10, f"idle wait used {cpu / wall:.1%} of a core"
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_configure_threads(monkeypatch):
+    from hybridagg.comm import configure_threads
+
+    monkeypatch.delenv("HYBRIDAGG_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert configure_threads() == 1 and torch.get_num_threads() == 1
+    monkeypatch.setenv("HYBRIDAGG_NUM_THREADS", "2")
+    assert configure_threads() == 2 and torch.get_num_threads() == 2
+    assert configure_threads(1) == 1
+    with pytest.raises(ValueError, match="threads"):
+        configure_threads(0)
