@@ -16,6 +16,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "init": "hybridagg.topology",
+    "Topology": "hybridagg.topology",
+    "DistributedOptimizer": "hybridagg.optimizer",
+    "broadcast_parameters": "hybridagg.optimizer",
+    "broadcast_optimizer_state": "hybridagg.optimizer",
+    "allreduce": "hybridagg.ops",
+    "allreduce_async_": "hybridagg.ops",
+    "synchronize": "hybridagg.ops",
+    "broadcast": "hybridagg.ops",
     "Comm": "hybridagg.comm",
     "CommTimeoutError": "hybridagg.comm",
     "RemoteError": "hybridagg.comm",

@@ -256,11 +256,19 @@ class Comm:
             raise TypeError(f"comm must be an mpi4py MPI.Comm, got {type(base)}")
         if base == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
-        self.mpi: MPI.Comm = base.Dup() if dup else base
-        self.rank: int = self.mpi.Get_rank()
-        self.size: int = self.mpi.Get_size()
         self.name = name
         self.timeout = default_timeout() if timeout is None else float(timeout)
+        if dup:
+            self.mpi, req = base.Idup()
+            wait(
+                req,
+                what=f"duplicating the communicator for {name}",
+                timeout=self.timeout,
+            )
+        else:
+            self.mpi = base
+        self.rank: int = self.mpi.Get_rank()
+        self.size: int = self.mpi.Get_size()
         self._world_rank = MPI.COMM_WORLD.Get_rank()
 
     def __repr__(self) -> str:
@@ -283,6 +291,10 @@ class Comm:
         self.barrier(what=f"split of {self.name} into {name}")
         sub = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         return Comm(sub, name=name, dup=False, timeout=self.timeout)
+
+    def dup(self, name: str) -> Comm:
+        """A new communicator over the same ranks, for traffic of its own (collective)."""
+        return Comm(self.mpi, name=name, dup=True, timeout=self.timeout)
 
     def free(self) -> None:
         """Free the underlying communicator (not ``COMM_WORLD``/``COMM_SELF``)."""

@@ -124,8 +124,34 @@ _DECLARED = [
         "slurm",
     ),
     EnvVar(
+        "SLURM_STEP_ID", None, "Step id; present in tasks of an srun step.", "slurm"
+    ),
+    EnvVar("SLURM_NODEID", None, "Index of this task's node in the step.", "slurm"),
+    EnvVar(
+        "SLURM_STEP_TASKS_PER_NODE",
+        None,
+        "Tasks per node of the step, e.g. '4(x2),3'.",
+        "slurm",
+    ),
+    EnvVar(
+        "SLURM_HET_JOB_OFFSET",
+        None,
+        "Component index of a heterogeneous job (see docs/architecture.md).",
+        "slurm",
+    ),
+    EnvVar(
         "OMPI_COMM_WORLD_RANK", None, "Global rank under Open MPI's mpiexec.", "openmpi"
     ),
+    EnvVar("OMPI_COMM_WORLD_SIZE", None, "World size under Open MPI.", "openmpi"),
+    EnvVar(
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        None,
+        "Ranks on this node under Open MPI.",
+        "openmpi",
+    ),
+    EnvVar("PMI_SIZE", None, "World size under MPICH/Hydra.", "mpich"),
+    EnvVar("MPI_LOCALRANKID", None, "Node-local rank under MPICH/Hydra.", "mpich"),
+    EnvVar("MPI_LOCALNRANKS", None, "Ranks on this node under MPICH/Hydra.", "mpich"),
     EnvVar(
         "OMPI_COMM_WORLD_LOCAL_RANK",
         None,

@@ -1,0 +1,498 @@
+"""Bucketed, overlapped, sample-weighted gradient all-reduce inside groups.
+
+:class:`GradientReducer` packs gradients into fused buckets (default 25 MiB,
+like DDP) in a fixed order, identical on every rank: parameters in reverse
+registration order, since backward produces the last layers' gradients
+first. A bucket's reduction is posted as soon as all its gradients are
+accumulated (``Tensor.register_post_accumulate_grad_hook``), strictly in
+bucket order so every rank posts the same sequence of collectives; a
+parameter that gets no gradient in a step still takes part, with zeros, when
+the step synchronizes.
+
+Progress: a posted non-blocking collective in Open MPI does not advance
+while the rank makes no MPI calls, so every gradient hook tests all requests
+in flight, and the final wait polls (:func:`hybridagg.comm.poll`).
+
+Weighting: each rank's gradient enters multiplied by its sample count, and
+the sum is divided by the total, so ranks with different batch sizes give
+exactly the gradient of the union batch. The counts travel in a small
+control all-reduce that also carries misuse flags and which parameters got
+a gradient anywhere, so a misuse on one rank is reported on every rank.
+
+Stages: with one group the reduction is a flat all-reduce. Hierarchical
+(``cross`` given): reduce to the group leader, all-reduce across leaders,
+broadcast inside the group. Each stage has its own communicator, so a bucket
+can be in one stage while the next bucket is in another.
+
+Transports: ``"mpi"`` (default; CPU tensors straight to MPI, no copy),
+``"torch"`` (a ``torch.distributed`` subgroup: NCCL on CUDA, gloo on CPU),
+``"horovod"`` (Horovod process sets) for the group stages; the cross-leader
+stage is MPI on CPU tensors and ``torch.distributed`` on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from mpi4py import MPI
+
+from .comm import Comm, poll
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "GradientReducer",
+    "MisuseError",
+    "make_transport",
+]
+
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+# Misuse codes carried in the control all-reduce.
+_NO_BACKWARD = 1
+_ZERO_GRAD = 2
+_TWICE = 3
+_MISUSE_TEXT = {
+    _NO_BACKWARD: "step() was called without backward() (a rank with no samples "
+    "may skip backward only after set_samples(0))",
+    _ZERO_GRAD: "zero_grad() was called between backward() and step()",
+    _TWICE: "backward() ran twice before step() while gradients were being "
+    "reduced; use `with optimizer.no_sync():` for gradient accumulation",
+}
+
+
+class MisuseError(ValueError):
+    """The optimizer was used out of order on some rank."""
+
+
+# ----------------------------------------------------------------- transports
+class _Transport:
+    """Non-blocking collectives over one group; each returns a test() callable."""
+
+    size: int
+    rank: int
+    name: str
+
+    def iallreduce(self, buf: torch.Tensor) -> Callable[[], bool]:
+        raise NotImplementedError
+
+    def ireduce(self, buf: torch.Tensor, root: int) -> Callable[[], bool]:
+        return self.iallreduce(buf)
+
+    def ibcast(self, buf: torch.Tensor, root: int) -> Callable[[], bool]:
+        raise NotImplementedError
+
+
+class _MPITransport(_Transport):
+    def __init__(self, comm: Comm) -> None:
+        self.comm, self.size, self.rank, self.name = (
+            comm,
+            comm.size,
+            comm.rank,
+            comm.name,
+        )
+
+    def iallreduce(self, buf):
+        return self.comm.iallreduce(buf).Test
+
+    def ireduce(self, buf, root):
+        from .comm import as_buffer
+
+        if self.rank == root:
+            req = self.comm.mpi.Ireduce(MPI.IN_PLACE, as_buffer(buf), MPI.SUM, root)
+        else:
+            req = self.comm.mpi.Ireduce(as_buffer(buf), None, MPI.SUM, root)
+        return req.Test
+
+    def ibcast(self, buf, root):
+        return self.comm.ibcast(buf, root).Test
+
+
+class _TorchTransport(_Transport):
+    def __init__(self, group, ranks: list[int], rank: int, name: str) -> None:
+        self.group, self.ranks = group, ranks
+        self.size, self.rank, self.name = len(ranks), ranks.index(rank), name
+
+    def iallreduce(self, buf):
+        import torch.distributed as dist
+
+        return dist.all_reduce(buf, group=self.group, async_op=True).is_completed
+
+    def ireduce(self, buf, root):
+        import torch.distributed as dist
+
+        work = dist.reduce(buf, dst=self.ranks[root], group=self.group, async_op=True)
+        return work.is_completed
+
+    def ibcast(self, buf, root):
+        import torch.distributed as dist
+
+        work = dist.broadcast(
+            buf, src=self.ranks[root], group=self.group, async_op=True
+        )
+        return work.is_completed
+
+
+class _HorovodTransport(_Transport):
+    def __init__(self, process_set, ranks: list[int], rank: int, name: str) -> None:
+        self.process_set, self.ranks = process_set, ranks
+        self.size, self.rank, self.name = len(ranks), ranks.index(rank), name
+        self._count = 0
+
+    def _handle(self, handle):
+        import horovod.torch as hvd
+
+        def test() -> bool:
+            if hvd.poll(handle):
+                hvd.synchronize(handle)
+                return True
+            return False
+
+        return test
+
+    def iallreduce(self, buf):
+        import horovod.torch as hvd
+
+        self._count += 1
+        return self._handle(
+            hvd.allreduce_async_(
+                buf,
+                op=hvd.Sum,
+                process_set=self.process_set,
+                name=f"hagg.{self._count}",
+            )
+        )
+
+    def ibcast(self, buf, root):
+        import horovod.torch as hvd
+
+        self._count += 1
+        return self._handle(
+            hvd.broadcast_async_(
+                buf,
+                self.ranks[root],
+                process_set=self.process_set,
+                name=f"hagg.{self._count}",
+            )
+        )
+
+
+def make_transport(
+    backend: str, comm: Comm, ranks: list[int], world_rank: int, handle=None
+):
+    """Build the transport of one group.
+
+    Args:
+        backend: ``"mpi"``, ``"torch"`` or ``"horovod"``.
+        comm: The group's MPI communicator (always needed: it names the group).
+        ranks: The group's ranks in the numbering of ``handle``'s backend.
+        world_rank: This rank in that numbering.
+        handle: The ``torch.distributed`` process group or Horovod process set.
+    """
+    if backend == "mpi":
+        return _MPITransport(comm)
+    if backend == "torch":
+        return _TorchTransport(handle, ranks, world_rank, comm.name)
+    if backend == "horovod":
+        return _HorovodTransport(handle, ranks, world_rank, comm.name)
+    raise ValueError(
+        f"allreduce_backend must be 'mpi', 'torch' or 'horovod', got {backend!r}"
+    )
+
+
+# -------------------------------------------------------------------- buckets
+@dataclass
+class _Bucket:
+    index: int
+    params: list[int]  # indices into the reducer's parameter list
+    offsets: list[int]
+    flat: torch.Tensor
+    ready: list[bool] = field(default_factory=list)
+    stage_done: int = 0
+    test: Callable[[], bool] | None = None
+    posted_at: float | None = None
+    completed_at: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+
+def _assign_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``params`` per bucket, reverse order, split by dtype and device."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    key = None
+    for i in reversed(range(len(params))):
+        p = params[i]
+        nbytes = p.numel() * p.element_size()
+        pkey = (p.dtype, p.device)
+        if current and (pkey != key or size + nbytes > bucket_bytes):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+        key = pkey
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class GradientReducer:
+    """Reduce the gradients of a set of parameters across a group, overlapped.
+
+    Args:
+        named_parameters: ``(name, parameter)`` pairs, in the model's order.
+        transport: The group's transport (see :func:`make_transport`).
+        control: A communicator over every rank whose gradients are summed
+            (the group, or all workers when ``cross`` is given); carries
+            sample counts and misuse flags. Use one hybridagg created for
+            this reducer alone.
+        cross: Transport across group leaders, on leaders in hierarchical
+            mode (``None`` on the other ranks and in flat mode).
+        hierarchical: Reduce to the leader, all-reduce across leaders,
+            broadcast in the group; else one flat all-reduce in the group.
+        bcast: Hierarchical only: a second transport over the same group on
+            its own communicator, for the broadcast stage (the reduce and
+            broadcast stages of different buckets interleave differently on
+            leaders and members, and collectives on one communicator must be
+            posted in the same order everywhere).
+        bucket_bytes: Bucket size.
+    """
+
+    def __init__(
+        self,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+        transport: _Transport,
+        control: Comm,
+        *,
+        cross: _Transport | None = None,
+        bcast: _Transport | None = None,
+        hierarchical: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        if hierarchical and transport.size > 1 and bcast is None:
+            raise ValueError("a hierarchical reducer needs a separate bcast transport")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.transport, self.cross, self.control = transport, cross, control
+        self.bcast, self.hierarchical = bcast, hierarchical
+        self.is_root = transport.rank == 0
+        self.stages = self._stages()
+        self.buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[int, int]] = {}
+        for b, members in enumerate(_assign_buckets(self.params, bucket_bytes)):
+            offsets, total = [], 0
+            for i in members:
+                offsets.append(total)
+                total += self.params[i].numel()
+                self._where[i] = (b, len(offsets) - 1)
+            p0 = self.params[members[0]]
+            flat = torch.zeros(total, dtype=p0.dtype, device=p0.device)
+            self.buckets.append(
+                _Bucket(b, members, offsets, flat, ready=[False] * len(members))
+            )
+        self._next = [0] * len(self.stages)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            for i, p in enumerate(self.params)
+        ]
+        self.samples = 1.0
+        self.enabled = True
+        self._misuse = 0
+        self._got_grad = [False] * len(self.params)
+        self._fired = False
+        self.last_total_samples = 0.0
+        self.last_comm_seconds = 0.0
+
+    def _stages(self) -> list[tuple[str, _Transport]]:
+        group, cross = self.transport, self.cross
+        if not self.hierarchical:
+            return [("allreduce", group)] if group.size > 1 else []
+        stages = []
+        if group.size > 1:
+            stages.append(("reduce", group))
+        if self.is_root and cross is not None and cross.size > 1:
+            stages.append(("allreduce", cross))
+        if group.size > 1:
+            stages.append(("bcast", self.bcast))
+        return stages
+
+    # --- hooks -------------------------------------------------------------
+    def _make_hook(self, i: int):
+        def hook(param: torch.Tensor) -> None:
+            if not self.enabled:
+                return
+            self._fired = True
+            b, slot = self._where[i]
+            bucket = self.buckets[b]
+            if bucket.stage_done > 0 or bucket.test is not None:
+                self._misuse = self._misuse or _TWICE
+                return
+            self._copy_in(i, param.grad)
+            bucket.ready[slot] = True
+            self._got_grad[i] = True
+            self.progress()
+
+        return hook
+
+    def _copy_in(self, i: int, grad: torch.Tensor | None) -> None:
+        b, slot = self._where[i]
+        bucket = self.buckets[b]
+        n = self.params[i].numel()
+        view = bucket.flat[bucket.offsets[slot] : bucket.offsets[slot] + n]
+        if grad is None:
+            view.zero_()
+        elif self.samples == 1.0:
+            view.copy_(grad.reshape(-1))
+        else:
+            torch.mul(grad.reshape(-1), self.samples, out=view)
+
+    # --- progress ------------------------------------------------------------
+    def _start(self, stage: str, transport: _Transport, bucket: _Bucket):
+        if stage == "allreduce":
+            return transport.iallreduce(bucket.flat)
+        if stage == "reduce":
+            return transport.ireduce(bucket.flat, 0)
+        return transport.ibcast(bucket.flat, 0)
+
+    def progress(self) -> bool:
+        """Post every bucket stage that may start, test those in flight.
+
+        Returns:
+            Whether every bucket has completed all its stages.
+        """
+        changed = True
+        while changed:
+            changed = False
+            for s, (stage, transport) in enumerate(self.stages):
+                k = self._next[s]
+                if k >= len(self.buckets):
+                    continue
+                bucket = self.buckets[k]
+                if bucket.stage_done != s or bucket.test is not None:
+                    continue
+                if s == 0 and not all(bucket.ready):
+                    continue
+                bucket.test = self._start(stage, transport, bucket)
+                if s == 0:
+                    bucket.posted_at = time.perf_counter()
+                self._next[s] += 1
+                changed = True
+            for bucket in self.buckets:
+                if bucket.test is not None and bucket.test():
+                    bucket.test = None
+                    bucket.stage_done += 1
+                    if bucket.stage_done == len(self.stages):
+                        bucket.completed_at = time.perf_counter()
+                    changed = True
+        return all(self._bucket_done(b) for b in self.buckets)
+
+    def _bucket_done(self, bucket: _Bucket) -> bool:
+        return all(bucket.ready) and bucket.stage_done == len(self.stages)
+
+    # --- the step ---------------------------------------------------------------
+    def note_zero_grad(self) -> None:
+        """Record a ``zero_grad()``; a misuse if gradients are being reduced."""
+        if self._fired:
+            self._misuse = self._misuse or _ZERO_GRAD
+
+    def synchronize(self) -> float:
+        """Finish the reduction and write the weighted average into ``.grad``.
+
+        Collective over the group (and the control communicator). Raises
+        :class:`MisuseError` on every rank if any rank misused the optimizer.
+
+        Returns:
+            The total sample count of the update (0: nobody had samples).
+        """
+        start = time.perf_counter()
+        if not self._fired and self.samples != 0 and self._misuse == 0:
+            self._misuse = _NO_BACKWARD
+        for i in range(len(self.params)):
+            b, slot = self._where[i]
+            if not self.buckets[b].ready[slot]:
+                self._copy_in(i, None)
+                self.buckets[b].ready[slot] = True
+        # control: [samples, misuse per rank..., got-grad per parameter...]
+        size = self.control.size
+        ctrl = torch.zeros(1 + size + len(self.params), dtype=torch.float64)
+        ctrl[0] = self.samples
+        ctrl[1 + self.control.rank] = self._misuse
+        ctrl[1 + size :] = torch.tensor(self._got_grad, dtype=torch.float64)
+        ctrl_req = self.control.iallreduce(ctrl)
+        what = f"gradient all-reduce on {self.transport.name}"
+        poll(
+            lambda: self.progress() and ctrl_req.Test(),
+            what=what,
+            timeout=self.control.timeout,
+        )
+        self.last_comm_seconds = time.perf_counter() - start
+        self._reset()
+        bad = {r: int(c) for r, c in enumerate(ctrl[1 : 1 + size].tolist()) if c}
+        if bad:
+            rank, code = min(bad.items())
+            raise MisuseError(
+                f"[rank {self.control._world_of(rank)}] {_MISUSE_TEXT[code]}"
+            )
+        total = float(ctrl[0])
+        self.last_total_samples = total
+        anywhere = ctrl[1 + size :].tolist()
+        for i, p in enumerate(self.params):
+            if not anywhere[i]:
+                continue
+            b, slot = self._where[i]
+            bucket = self.buckets[b]
+            view = bucket.flat[bucket.offsets[slot] : bucket.offsets[slot] + p.numel()]
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            if total > 0:
+                torch.div(view.view_as(p), total, out=p.grad)
+            else:
+                p.grad.zero_()
+        return total
+
+    def _reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.ready = [False] * len(bucket.params)
+            bucket.stage_done = 0
+            bucket.test = None
+        self._next = [0] * len(self.stages)
+        self._misuse = 0
+        self._got_grad = [False] * len(self.params)
+        self._fired = False
+
+    def bucket_sizes(self) -> list[int]:
+        """Bytes in each bucket, in posting order."""
+        return [b.nbytes for b in self.buckets]
+
+    def remove_hooks(self) -> None:
+        """Detach from the parameters."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``hybridagg.allreduce(tensor, comm)`` work after this module is imported.
+
+    Importing ``hybridagg.allreduce`` (this module) binds the name
+    ``allreduce`` on the package to the module, shadowing the Horovod-style
+    function :func:`hybridagg.ops.allreduce`; calling the module calls it.
+    """
+
+    def __call__(self, tensor, comm, op: str = "average"):
+        from .ops import allreduce
+
+        return allreduce(tensor, comm, op)
+
+
+sys.modules[__name__].__class__ = _CallableModule

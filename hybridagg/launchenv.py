@@ -1,0 +1,111 @@
+"""Read a rank's place in the job from whatever launched it.
+
+MPI itself is the authority once initialised; before that (or to cross-check
+it), the launcher's variables tell rank, local rank and size: Slurm's
+``srun`` (``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``), Open MPI
+(``OMPI_COMM_WORLD_*``) and MPICH/Hydra (``PMI_RANK``/``PMI_SIZE``,
+``MPI_LOCALRANKID``). :func:`launch_env` is the one function that reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import config
+
+__all__ = ["LaunchEnv", "launch_env", "slurm_het_component"]
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher says about this process (``None``: it did not say).
+
+    Attributes:
+        launcher: ``"slurm"``, ``"openmpi"``, ``"mpich"`` or ``"none"``.
+        rank: Global rank.
+        size: Number of ranks.
+        local_rank: Rank on this node.
+        local_size: Ranks on this node.
+        het_component: Slurm heterogeneous-job component of this task.
+    """
+
+    launcher: str
+    rank: int | None = None
+    size: int | None = None
+    local_rank: int | None = None
+    local_size: int | None = None
+    het_component: int | None = None
+
+
+def _int(name: str) -> int | None:
+    try:
+        return config.get_int(name)
+    except ValueError:
+        return None
+
+
+def slurm_het_component() -> int | None:
+    """This task's component index in a Slurm heterogeneous job step, if any.
+
+    ``SLURM_HET_JOB_ID`` is the same in every component, so it cannot tell
+    them apart. Within a heterogeneous step Slurm gives each task the job id
+    of its own component in ``SLURM_JOB_ID``, and the batch environment lists
+    every component's job id; the component index is found from those (see
+    docs/architecture.md, "Slurm heterogeneous jobs", for what was observed).
+    """
+    offset = _int("SLURM_HET_JOB_OFFSET")
+    if offset is not None:
+        return offset
+    return None
+
+
+def launch_env() -> LaunchEnv:
+    """Read rank and node placement from the launcher's environment.
+
+    Slurm wins when ``SLURM_PROCID`` is set together with ``SLURM_STEP_ID``
+    (a task of an ``srun`` step); then Open MPI; then Hydra/PMI.
+    """
+    if _int("SLURM_PROCID") is not None and config.get_str("SLURM_STEP_ID") is not None:
+        return LaunchEnv(
+            launcher="slurm",
+            rank=_int("SLURM_PROCID"),
+            size=_int("SLURM_NTASKS"),
+            local_rank=_int("SLURM_LOCALID"),
+            local_size=_slurm_local_size(),
+            het_component=slurm_het_component(),
+        )
+    if _int("OMPI_COMM_WORLD_RANK") is not None:
+        return LaunchEnv(
+            launcher="openmpi",
+            rank=_int("OMPI_COMM_WORLD_RANK"),
+            size=_int("OMPI_COMM_WORLD_SIZE"),
+            local_rank=_int("OMPI_COMM_WORLD_LOCAL_RANK"),
+            local_size=_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        )
+    if _int("PMI_RANK") is not None:
+        return LaunchEnv(
+            launcher="mpich",
+            rank=_int("PMI_RANK"),
+            size=_int("PMI_SIZE"),
+            local_rank=_int("MPI_LOCALRANKID"),
+            local_size=_int("MPI_LOCALNRANKS"),
+        )
+    return LaunchEnv(launcher="none")
+
+
+def _slurm_local_size() -> int | None:
+    # SLURM_TASKS_PER_NODE looks like "4(x2),3": this node's count is not
+    # derivable without the node index, so use SLURM_STEP_TASKS_PER_NODE's
+    # entry for SLURM_NODEID when both are present.
+    node = _int("SLURM_NODEID")
+    spec = config.get_str("SLURM_STEP_TASKS_PER_NODE")
+    if node is None or not spec:
+        return None
+    counts: list[int] = []
+    for part in spec.split(","):
+        value, _, rep = part.partition("(x")
+        try:
+            counts += [int(value)] * (int(rep.rstrip(")")) if rep else 1)
+        except ValueError:
+            return None
+    return counts[node] if node < len(counts) else None

@@ -1,0 +1,423 @@
+"""``DistributedOptimizer``: the one object a training script wraps its optimizer in.
+
+::
+
+    topo = hybridagg.init(groups="0-1,2-3")
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        model.named_parameters(), topo, mode="sync", model=model)
+    hybridagg.broadcast_parameters(model.state_dict(), root_rank=0, topology=topo)
+    for x, y in loader:
+        opt.set_samples(len(x))     # only needed when batch sizes differ
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # buckets are reduced during backward
+        opt.step()
+
+``mode="sync"``: every worker's gradient is averaged (weighted by sample
+count) before each update, flat with one group, hierarchical (group, leaders,
+group) with several. Gradient clipping: call ``opt.synchronize()``, clip,
+then ``opt.step()`` (which then does not reduce again), as with Horovod. LR
+schedulers work on the wrapper as on any optimizer: it shares the inner
+optimizer's ``param_groups``. With ``model=`` given, floating-point buffers
+(BatchNorm running statistics) are averaged over the same ranks after each
+reduction, with equal weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from .allreduce import DEFAULT_BUCKET_BYTES, GradientReducer, make_transport
+from .comm import Comm
+from .topology import Topology
+
+__all__ = [
+    "MODES",
+    "DistributedOptimizer",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]
+
+MODES = ("sync", "hybrid", "async")
+_BACKENDS = ("auto", "mpi", "torch", "horovod")
+
+
+def _default_topology(topology: Topology | None) -> Topology:
+    if topology is None:
+        from .topology import init
+
+        return init()
+    if not isinstance(topology, Topology) or topology.comms is None:
+        raise TypeError("topology must come from hybridagg.init(...)")
+    return topology
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wrap a ``torch.optim`` optimizer so each step aggregates across ranks.
+
+    Args:
+        optimizer: Any ``torch.optim.Optimizer`` over the model's parameters.
+        named_parameters: ``model.named_parameters()`` (default: from ``model``).
+        topology: From :func:`hybridagg.init` (default: ``init()``).
+        mode: ``"sync"``, ``"hybrid"`` or ``"async"``.
+        model: The module; when given, its floating buffers are averaged too.
+        bucket_mb: Fused bucket size in MiB (default 25, like DDP).
+        allreduce_backend: ``"mpi"``, ``"torch"`` (NCCL on CUDA, gloo on CPU),
+            ``"horovod"``, or ``"auto"`` (``"torch"`` for CUDA parameters,
+            else ``"mpi"``).
+
+    Raises:
+        TypeError: ``optimizer`` or ``topology`` is of the wrong kind.
+        ValueError: Unknown mode or backend, a mode that does not fit the
+            topology, or parameters that differ across ranks (on every rank).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+        topology: Topology | None = None,
+        *,
+        mode: str = "sync",
+        model: torch.nn.Module | None = None,
+        bucket_mb: float = DEFAULT_BUCKET_BYTES / 2**20,
+        allreduce_backend: str = "auto",
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
+            )
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("optimizer is already a DistributedOptimizer")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if allreduce_backend not in _BACKENDS:
+            raise ValueError(
+                f"allreduce_backend must be one of {_BACKENDS}, got {allreduce_backend!r}"
+            )
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        topo = _default_topology(topology)
+        if named_parameters is None:
+            if model is None:
+                raise ValueError("pass named_parameters or model")
+            named_parameters = model.named_parameters()
+        named = list(named_parameters)
+        if not all(
+            isinstance(n, str) and isinstance(p, torch.Tensor) for n, p in named
+        ):
+            raise TypeError("named_parameters must yield (name, tensor) pairs")
+        self._setup_optimizer_attrs(optimizer)
+        self.topology, self.mode = topo, mode
+        self.model = model
+        comms = topo.comms
+        if topo.is_server:
+            raise ValueError(
+                f"rank {topo.rank} is a parameter server; DistributedOptimizer runs on workers"
+            )
+        if mode == "sync" and topo.servers:
+            raise ValueError(
+                f"mode='sync' uses no parameter servers, but the topology has "
+                f"{len(topo.servers)}; use mode='hybrid' or servers=0"
+            )
+        if mode != "sync":
+            raise ValueError(f"mode={mode!r} needs the parameter server (hybridagg.ps)")
+        hierarchical = topo.num_groups > 1
+        self._control = comms.workers.dup("control")
+        self._check_parameters(named, self._control)
+        backend = allreduce_backend
+        if backend == "auto":
+            on_cuda = any(p.is_cuda for _, p in named)
+            backend = "torch" if on_cuda else "mpi"
+        self.allreduce_backend = backend
+        group_t, bcast_t, cross_t = self._transports(backend, named, hierarchical)
+        self._reducer = GradientReducer(
+            named,
+            group_t,
+            self._control,
+            cross=cross_t,
+            bcast=bcast_t,
+            hierarchical=hierarchical,
+            bucket_bytes=int(bucket_mb * 2**20),
+        )
+        self._buffers = [
+            b for b in (model.buffers() if model else []) if b.is_floating_point()
+        ]
+        self._synced = False
+        self.last_total_samples = 0.0
+
+    # --- wiring --------------------------------------------------------------
+    def _setup_optimizer_attrs(self, optimizer: torch.optim.Optimizer) -> None:
+        # Share, not copy: schedulers and users edit param_groups in place.
+        self.optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        for hooks in (
+            "_optimizer_step_pre_hooks",
+            "_optimizer_step_post_hooks",
+            "_optimizer_state_dict_pre_hooks",
+            "_optimizer_state_dict_post_hooks",
+            "_optimizer_load_state_dict_pre_hooks",
+            "_optimizer_load_state_dict_post_hooks",
+        ):
+            setattr(self, hooks, OrderedDict())
+
+    @staticmethod
+    def _check_parameters(named, control: Comm) -> None:
+        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+        everyone = control.allgather_obj(mine, what="parameter shapes")
+        for rank, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                diff = next(
+                    (
+                        f"{a} vs {b}"
+                        for a, b in zip(everyone[0], theirs, strict=False)
+                        if a != b
+                    ),
+                    f"{len(everyone[0])} vs {len(theirs)} parameters",
+                )
+                raise ValueError(
+                    f"parameters differ between rank 0 and rank {rank} of the "
+                    f"workers: {diff}"
+                )
+
+    def _transports(self, backend: str, named, hierarchical: bool):
+        topo, comms = self.topology, self.topology.comms
+        group = comms.group.dup(f"group{topo.group}.reduce")
+        bcast = comms.group.dup(f"group{topo.group}.bcast") if hierarchical else None
+        cross_comm = (
+            comms.leaders.dup("leaders.allreduce")
+            if topo.is_leader and hierarchical
+            else None
+        )
+        self._owned = [c for c in (group, bcast, cross_comm) if c is not None]
+        if backend == "mpi":
+            cross = make_transport("mpi", cross_comm, [], 0) if cross_comm else None
+            return (
+                make_transport("mpi", group, [], 0),
+                make_transport("mpi", bcast, [], 0) if bcast else None,
+                cross,
+            )
+        if backend == "torch":
+            pgs = _torch_groups(topo, named)
+            me = topo.rank
+            ranks = list(topo.group_ranks)
+            group_t = make_transport("torch", group, ranks, me, pgs["group"])
+            bcast_t = (
+                make_transport("torch", bcast, ranks, me, pgs["bcast"])
+                if bcast
+                else None
+            )
+            cross_t = None
+            if cross_comm is not None:
+                cross_t = make_transport(
+                    "torch", cross_comm, list(topo.leaders), me, pgs["leaders"]
+                )
+            return group_t, bcast_t, cross_t
+        hvd_sets = _horovod_sets(topo)
+        ranks = list(topo.group_ranks)
+        group_t = make_transport("horovod", group, ranks, topo.rank, hvd_sets["group"])
+        bcast_t = (
+            make_transport("horovod", bcast, ranks, topo.rank, hvd_sets["group"])
+            if bcast
+            else None
+        )
+        cross = make_transport("mpi", cross_comm, [], 0) if cross_comm else None
+        return group_t, bcast_t, cross
+
+    # --- the optimizer interface ---------------------------------------------
+    def set_samples(self, n: int | float) -> None:
+        """Set this rank's sample count for the next backward (persists).
+
+        Gradients are weighted by it, so ranks with different batch sizes give
+        the gradient of the union batch. A rank with ``n=0`` may skip forward
+        and backward and call :meth:`step` directly; it still takes part.
+
+        Raises:
+            ValueError: ``n`` is negative or not a number.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not n >= 0:
+            raise ValueError(f"samples must be a number >= 0, got {n!r}")
+        self._reducer.samples = float(n)
+
+    @property
+    def samples(self) -> float:
+        """This rank's current sample count."""
+        return self._reducer.samples
+
+    def synchronize(self) -> float:
+        """Finish reducing gradients (collective); ``.grad`` then holds the average.
+
+        Returns:
+            The total sample count of this update over the ranks reduced.
+        """
+        total = self._reducer.synchronize()
+        self.last_total_samples = total
+        if self._buffers:
+            self._average_buffers()
+        self._synced = True
+        return total
+
+    def _average_buffers(self) -> None:
+        flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in self._buffers])
+        self._control.allreduce(flat, what="buffer average")
+        flat /= self._control.size
+        offset = 0
+        for b in self._buffers:
+            n = b.numel()
+            b.copy_(flat[offset : offset + n].view_as(b))
+            offset += n
+
+    def step(self, closure=None):
+        """Reduce (unless :meth:`synchronize` already did) and update.
+
+        An update whose total sample count is zero changes nothing.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._synced:
+            self.synchronize()
+        self._synced = False
+        if self.last_total_samples > 0:
+            self.optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (a misuse between ``backward()`` and ``step()``)."""
+        self._reducer.note_zero_grad()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the next backward outside reduces them."""
+        self._reducer.enabled = False
+        try:
+            yield
+        finally:
+            self._reducer.enabled = True
+
+    def state_dict(self):
+        """The inner optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load into the inner optimizer."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        """Not supported after wrapping: the buckets are fixed at construction."""
+        raise ValueError("add parameter groups before wrapping the optimizer")
+
+    @property
+    def reducer(self) -> GradientReducer:
+        """The gradient reducer (bucket sizes, timings)."""
+        return self._reducer
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer(mode={self.mode!r}, {self.optimizer!r})"
+
+
+# --------------------------------------------------------------- broadcasts
+def _workers_comm(topology: Topology | None) -> Comm:
+    topo = _default_topology(topology)
+    if topo.comms.workers is None:
+        raise ValueError("broadcasts run on workers; this rank is a server")
+    return topo.comms.workers
+
+
+def broadcast_parameters(
+    params, root_rank: int = 0, topology: Topology | None = None
+) -> None:
+    """Copy ``root_rank``'s tensors into every worker's (collective over workers).
+
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a list
+            of ``(name, tensor)`` pairs; the same names on every rank.
+        root_rank: World rank of the source (a worker).
+        topology: From :func:`hybridagg.init`.
+    """
+    comm = _workers_comm(topology)
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    pending = []
+    for _, t in items:
+        data = t.data if isinstance(t, torch.nn.Parameter) else t
+        if data.device.type == "cpu" and data.is_contiguous():
+            pending.append((data, data))
+        else:
+            pending.append((data, data.detach().cpu().contiguous()))
+    reqs = [comm.ibcast(buf, root_rank) for _, buf in pending]
+    comm.wait(reqs, f"broadcast of {len(reqs)} parameters from rank {root_rank}")
+    for dst, buf in pending:
+        if dst is not buf:
+            dst.copy_(buf)
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    root_rank: int = 0,
+    topology: Topology | None = None,
+) -> None:
+    """Give every worker ``root_rank``'s optimizer state (collective over workers)."""
+    comm = _workers_comm(topology)
+    inner = (
+        optimizer.optimizer
+        if isinstance(optimizer, DistributedOptimizer)
+        else optimizer
+    )
+    state = comm.bcast_obj(
+        inner.state_dict() if comm.rank == root_rank else None, root_rank
+    )
+    if comm.rank != root_rank:
+        inner.load_state_dict(state)
+
+
+# ------------------------------------------------------- other group backends
+def _torch_groups(topo: Topology, named) -> dict:
+    """Create torch.distributed process groups over the workers (collective)."""
+    import torch.distributed as dist
+
+    comms = topo.comms
+    on_cuda = any(p.is_cuda for _, p in named)
+    if not dist.is_initialized():
+        addr = None
+        if comms.workers.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                addr = (socket.gethostname(), s.getsockname()[1])
+        host, port = comms.workers.bcast_obj(addr, 0, what="torch.distributed address")
+        dist.init_process_group(
+            "nccl" if on_cuda else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=comms.workers.rank,
+            world_size=comms.workers.size,
+        )
+    # Every worker creates every group, in the same order.
+    made = {}
+    for g, ranks in enumerate(topo.groups):
+        reduce_pg = dist.new_group(list(ranks))
+        bcast_pg = dist.new_group(list(ranks))
+        if g == topo.group:
+            made["group"], made["bcast"] = reduce_pg, bcast_pg
+    made["leaders"] = dist.new_group(list(topo.leaders))
+    return made
+
+
+def _horovod_sets(topo: Topology) -> dict:
+    """Initialise Horovod on the workers with one process set per group."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise ValueError(
+            "allreduce_backend='horovod' needs Horovod (`make horovod` builds it)"
+        ) from exc
+    sets = [hvd.ProcessSet(list(g)) for g in topo.groups]
+    hvd.init(comm=topo.comms.workers.mpi, process_sets=sets)
+    return {"group": sets[topo.group]}

@@ -1,0 +1,129 @@
+"""Emulated heterogeneity: per-rank slowdown factors that may change over time.
+
+A spec gives each worker rank a factor, optionally as a schedule of phases
+that start at given seconds since the start of training::
+
+    0-1:1,2-3:4                    ranks 2 and 3 are four times slower
+    0-1:1,2-3:4@0;0-1:3,2-3:1@30   ... and from 30 s on, ranks 0-1 are 3x slower
+
+Ranks a phase does not name run at factor 1. Emulation sleeps instead of
+spinning, so a small machine running more ranks than cores still measures
+the coordination honestly. This module is pure logic; the speed probe of the
+topology and the training driver both use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Slowdown", "parse_rank_ranges", "parse_slowdown"]
+
+
+def parse_rank_ranges(text: str, what: str = "rank range") -> list[int]:
+    """Parse ``"0-3"`` or ``"5"`` or ``"0-1+4"`` into a sorted list of ranks.
+
+    Raises:
+        ValueError: Malformed text, a negative rank or a reversed range.
+    """
+    ranks: list[int] = []
+    for part in text.split("+"):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty {what} in {text!r}")
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise ValueError(f"{what} {part!r} is not N or N-M") from None
+        if first < 0 or last < first:
+            raise ValueError(f"{what} {part!r} must be N-M with 0 <= N <= M")
+        ranks.extend(range(first, last + 1))
+    return sorted(ranks)
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A validated slowdown schedule.
+
+    Attributes:
+        phases: ``(start_seconds, {rank: factor})`` pairs sorted by start.
+    """
+
+    phases: tuple[tuple[float, dict[int, float]], ...] = ()
+
+    def factor(self, rank: int, elapsed: float = 0.0) -> float:
+        """Return ``rank``'s factor ``elapsed`` seconds after training started."""
+        current: dict[int, float] = {}
+        for start, factors in self.phases:
+            if elapsed >= start:
+                current = factors
+            else:
+                break
+        return current.get(rank, 1.0)
+
+    def ranks(self) -> set[int]:
+        """Every rank the schedule names."""
+        return {r for _, factors in self.phases for r in factors}
+
+    def validate_workers(self, num_workers: int) -> None:
+        """Raise ``ValueError`` if the spec names a rank that is not a worker."""
+        extra = sorted(r for r in self.ranks() if r >= num_workers)
+        if extra:
+            raise ValueError(
+                f"slowdown names ranks {extra}, but the workers are 0-{num_workers - 1}"
+            )
+
+    @property
+    def changes(self) -> bool:
+        """Whether the factors change during the run."""
+        return len(self.phases) > 1
+
+    def __bool__(self) -> bool:
+        return any(f != 1.0 for _, fs in self.phases for f in fs.values())
+
+
+def parse_slowdown(spec: str | None) -> Slowdown:
+    """Parse a slowdown spec (see the module docstring); ``None``/``""`` is none.
+
+    Raises:
+        ValueError: Malformed spec, a factor that is not a positive number, a
+            rank named twice in one phase, a negative or repeated start time.
+    """
+    if spec is None or not spec.strip():
+        return Slowdown()
+    phases: list[tuple[float, dict[int, float]]] = []
+    for phase_text in spec.split(";"):
+        phase_text = phase_text.strip()
+        body, at, start_text = phase_text.partition("@")
+        try:
+            start = float(start_text) if at else 0.0
+        except ValueError:
+            raise ValueError(
+                f"slowdown start time {start_text!r} is not a number"
+            ) from None
+        if start < 0:
+            raise ValueError(f"slowdown start time {start} is negative")
+        factors: dict[int, float] = {}
+        for item in body.split(","):
+            ranks_text, colon, factor_text = item.strip().partition(":")
+            if not colon:
+                raise ValueError(f"slowdown item {item!r} is not RANKS:FACTOR")
+            try:
+                factor = float(factor_text)
+            except ValueError:
+                raise ValueError(
+                    f"slowdown factor {factor_text!r} is not a number"
+                ) from None
+            if not factor > 0:
+                raise ValueError(f"slowdown factor {factor} must be positive")
+            for rank in parse_rank_ranges(ranks_text, "slowdown rank range"):
+                if rank in factors:
+                    raise ValueError(f"slowdown names rank {rank} twice in one phase")
+                factors[rank] = factor
+        phases.append((start, factors))
+    phases.sort(key=lambda p: p[0])
+    starts = [p[0] for p in phases]
+    if len(set(starts)) != len(starts):
+        raise ValueError(f"slowdown has two phases starting at the same time: {spec!r}")
+    return Slowdown(tuple(phases))
