@@ -300,6 +300,11 @@ class GradientReducer:
             self.buckets.append(
                 _Bucket(b, members, offsets, flat, ready=[False] * len(members))
             )
+        self._views = []
+        for i, p in enumerate(self.params):
+            b, slot = self._where[i]
+            off = self.buckets[b].offsets[slot]
+            self._views.append(self.buckets[b].flat[off : off + p.numel()].view_as(p))
         self._next = [0] * len(self.stages)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -345,16 +350,25 @@ class GradientReducer:
         return hook
 
     def _copy_in(self, i: int, grad: torch.Tensor | None) -> None:
-        b, slot = self._where[i]
-        bucket = self.buckets[b]
-        n = self.params[i].numel()
-        view = bucket.flat[bucket.offsets[slot] : bucket.offsets[slot] + n]
+        view = self._views[i]
         if grad is None:
             view.zero_()
-        elif self.samples == 1.0:
-            view.copy_(grad.reshape(-1))
-        else:
-            torch.mul(grad.reshape(-1), self.samples, out=view)
+            return
+        if grad.data_ptr() != view.data_ptr():  # not accumulated in the bucket
+            view.copy_(grad)
+        if self.samples != 1.0:
+            view.mul_(self.samples)
+
+    def point_grads_at_buckets(self) -> None:
+        """Zero the buckets and make each ``.grad`` a view into its bucket.
+
+        Backward then accumulates straight into the memory that is reduced,
+        with no copy (like DDP's ``gradient_as_bucket_view``).
+        """
+        for bucket in self.buckets:
+            bucket.flat.zero_()
+        for p, view in zip(self.params, self._views, strict=True):
+            p.grad = view
 
     # --- progress ------------------------------------------------------------
     def _start(self, stage: str, transport: _Transport, bucket: _Bucket):
@@ -400,10 +414,12 @@ class GradientReducer:
         return all(bucket.ready) and bucket.stage_done == len(self.stages)
 
     # --- the step ---------------------------------------------------------------
-    def note_zero_grad(self) -> None:
-        """Record a ``zero_grad()``; a misuse if gradients are being reduced."""
+    def note_zero_grad(self) -> bool:
+        """Record a ``zero_grad()``; returns whether it is a misuse (mid-reduction)."""
         if self._fired:
             self._misuse = self._misuse or _ZERO_GRAD
+            return True
+        return False
 
     def synchronize(self) -> float:
         """Finish the reduction and write the weighted average into ``.grad``.
@@ -446,18 +462,17 @@ class GradientReducer:
         total = float(ctrl[0])
         self.last_total_samples = total
         anywhere = ctrl[1 + size :].tolist()
+        if total > 0:
+            for bucket in self.buckets:
+                bucket.flat.div_(total)
         for i, p in enumerate(self.params):
+            # a parameter no rank computed a gradient for keeps none, as locally
             if not anywhere[i]:
-                continue
-            b, slot = self._where[i]
-            bucket = self.buckets[b]
-            view = bucket.flat[bucket.offsets[slot] : bucket.offsets[slot] + p.numel()]
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            if total > 0:
-                torch.div(view.view_as(p), total, out=p.grad)
+                p.grad = None
+            elif total > 0:
+                p.grad = self._views[i]
             else:
-                p.grad.zero_()
+                p.grad = torch.zeros_like(p)
         return total
 
     def _reset(self) -> None:

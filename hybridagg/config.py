@@ -23,6 +23,7 @@ __all__ = [
     "get_float",
     "get_int",
     "get_str",
+    "indexed",
 ]
 
 
@@ -54,7 +55,7 @@ _DECLARED = [
     ),
     EnvVar(
         "HYBRIDAGG_POLL_SPIN_US",
-        "50",
+        "100",
         "Microseconds a wait spins on MPI_Test before it starts sleeping.",
     ),
     EnvVar(
@@ -134,10 +135,18 @@ _DECLARED = [
         "slurm",
     ),
     EnvVar(
-        "SLURM_HET_JOB_OFFSET",
+        "SLURM_NTASKS_HET_GROUP_<k>",
         None,
-        "Component index of a heterogeneous job (see docs/architecture.md).",
+        "Tasks of component k of a heterogeneous job (inherited by tasks "
+        "started inside sbatch/salloc); with SLURM_PROCID it gives a task's "
+        "component, which no Slurm variable states directly.",
         "slurm",
+    ),
+    EnvVar(
+        "HYBRIDAGG_HET_COMPONENT",
+        None,
+        "This task's heterogeneous-job component, when the launcher states it "
+        "(srun MPMD ':' syntax); wins over the SLURM_NTASKS_HET_GROUP_<k> rule.",
     ),
     EnvVar(
         "OMPI_COMM_WORLD_RANK", None, "Global rank under Open MPI's mpiexec.", "openmpi"
@@ -199,7 +208,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
 
 def _lookup(name: str) -> str | None:
     try:
-        var = ENV_VARS[name]
+        var = ENV_VARS[name] if name in ENV_VARS else ENV_VARS[_template_of(name)]
     except KeyError:
         raise KeyError(
             f"environment variable {name!r} is not declared in hybridagg.config"
@@ -208,6 +217,24 @@ def _lookup(name: str) -> str | None:
     if value is None or value == "":
         return var.default
     return value
+
+
+def _template_of(name: str) -> str:
+    head, _, tail = name.rpartition("_")
+    return f"{head}_<k>" if tail.isdigit() else name
+
+
+def indexed(template: str, index: int) -> str:
+    """The name of an indexed variable, e.g. ``indexed("X_<k>", 2) == "X_2"``.
+
+    Raises:
+        KeyError: ``template`` is not declared.
+    """
+    if template not in ENV_VARS:
+        raise KeyError(
+            f"environment variable {template!r} is not declared in hybridagg.config"
+        )
+    return template.replace("<k>", str(int(index)))
 
 
 def get_str(name: str) -> str | None:

@@ -47,15 +47,33 @@ def _int(name: str) -> int | None:
 def slurm_het_component() -> int | None:
     """This task's component index in a Slurm heterogeneous job step, if any.
 
-    ``SLURM_HET_JOB_ID`` is the same in every component, so it cannot tell
-    them apart. Within a heterogeneous step Slurm gives each task the job id
-    of its own component in ``SLURM_JOB_ID``, and the batch environment lists
-    every component's job id; the component index is found from those (see
-    docs/architecture.md, "Slurm heterogeneous jobs", for what was observed).
+    Observed on Slurm 22.05 (see docs/architecture.md, "Slurm heterogeneous
+    jobs"): no variable states it. ``SLURM_HET_JOB_ID`` and
+    ``SLURM_HET_JOB_OFFSET`` are not set in step tasks, and ``SLURM_JOB_ID``
+    is component 0's id on every task. Tasks are numbered in component
+    order, and tasks started inside ``sbatch``/``salloc`` inherit
+    ``SLURM_NTASKS_HET_GROUP_<k>``, so the component is the range of
+    ``SLURM_PROCID`` among the cumulative counts, when the step spans every
+    component (``srun --het-group=0,1,...``: ``SLURM_NTASKS`` is their sum).
+    ``HYBRIDAGG_HET_COMPONENT``, set per component by the launcher through
+    srun's ``:`` syntax, wins.
     """
-    offset = _int("SLURM_HET_JOB_OFFSET")
-    if offset is not None:
-        return offset
+    explicit = _int("HYBRIDAGG_HET_COMPONENT")
+    if explicit is not None:
+        return explicit
+    components, procid = _int("SLURM_HET_SIZE"), _int("SLURM_PROCID")
+    if components is None or procid is None:
+        return None
+    counts = [
+        _int(config.indexed("SLURM_NTASKS_HET_GROUP_<k>", k)) for k in range(components)
+    ]
+    if any(c is None for c in counts) or sum(counts) != _int("SLURM_NTASKS"):
+        return None
+    end = 0
+    for k, count in enumerate(counts):
+        end += count
+        if procid < end:
+            return k
     return None
 
 

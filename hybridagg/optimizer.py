@@ -41,6 +41,7 @@ __all__ = [
     "DistributedOptimizer",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "init_torch_distributed",
 ]
 
 MODES = ("sync", "hybrid", "async")
@@ -291,9 +292,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients (a misuse between ``backward()`` and ``step()``)."""
-        self._reducer.note_zero_grad()
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        """Zero the gradients (a misuse between ``backward()`` and ``step()``).
+
+        The gradients become zeroed views into the reduction buckets, so the
+        next backward accumulates where the reduction reads, with no copy;
+        ``set_to_none`` is accepted for compatibility. After :meth:`step`, a
+        parameter that no rank computed a gradient for has ``.grad = None``,
+        as it would have without hybridagg.
+        """
+        if self._reducer.note_zero_grad():
+            return  # reported by step() on every rank; buckets may be in flight
+        self._reducer.point_grads_at_buckets()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -380,25 +389,37 @@ def broadcast_optimizer_state(
 
 
 # ------------------------------------------------------- other group backends
+def init_torch_distributed(comm: Comm, backend: str = "gloo") -> None:
+    """Initialise ``torch.distributed`` over ``comm``'s ranks (collective).
+
+    Rank 0 of ``comm`` picks a free TCP port on its host and shares the
+    address through MPI, so no ``MASTER_ADDR``/``MASTER_PORT`` is needed.
+    Does nothing if already initialised.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    addr = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            addr = (socket.gethostname(), s.getsockname()[1])
+    host, port = comm.bcast_obj(addr, 0, what="torch.distributed address")
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{port}",
+        rank=comm.rank,
+        world_size=comm.size,
+    )
+
+
 def _torch_groups(topo: Topology, named) -> dict:
     """Create torch.distributed process groups over the workers (collective)."""
     import torch.distributed as dist
 
-    comms = topo.comms
     on_cuda = any(p.is_cuda for _, p in named)
-    if not dist.is_initialized():
-        addr = None
-        if comms.workers.rank == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                addr = (socket.gethostname(), s.getsockname()[1])
-        host, port = comms.workers.bcast_obj(addr, 0, what="torch.distributed address")
-        dist.init_process_group(
-            "nccl" if on_cuda else "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=comms.workers.rank,
-            world_size=comms.workers.size,
-        )
+    init_torch_distributed(topo.comms.workers, "nccl" if on_cuda else "gloo")
     # Every worker creates every group, in the same order.
     made = {}
     for g, ranks in enumerate(topo.groups):

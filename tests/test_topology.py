@@ -185,3 +185,66 @@ def test_bad_or_disagreeing_specs_fail_on_every_rank(mpi_ranks):
         hybridagg.init(servers=mpi_ranks)
     with pytest.raises(TypeError, match="groups must be a string"):
         hybridagg.init(groups=[0, 1])
+
+
+# Values copied from a real Slurm 22.05 heterogeneous step (2 + 3 tasks,
+# srun --het-group=0,1) on the two-node test cluster.
+HET_STEP = {
+    "SLURM_HET_SIZE": "2",
+    "SLURM_NTASKS": "5",
+    "SLURM_NTASKS_HET_GROUP_0": "2",
+    "SLURM_NTASKS_HET_GROUP_1": "3",
+    "SLURM_JOB_ID": "1",
+    "SLURM_STEP_ID": "0",
+}
+
+
+@pytest.mark.parametrize("procid,component", [(0, 0), (1, 0), (2, 1), (4, 1)])
+def test_slurm_component_from_procid_ranges(monkeypatch, procid, component):
+    from hybridagg.launchenv import launch_env, slurm_het_component
+
+    for key, value in HET_STEP.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_PROCID", str(procid))
+    monkeypatch.delenv("HYBRIDAGG_HET_COMPONENT", raising=False)
+    assert slurm_het_component() == component
+    env = launch_env()
+    assert (env.launcher, env.rank, env.size, env.het_component) == (
+        "slurm",
+        procid,
+        5,
+        component,
+    )
+
+
+def test_slurm_component_absent_or_explicit(monkeypatch):
+    from hybridagg.launchenv import slurm_het_component
+
+    for key, value in HET_STEP.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")  # a step of component 0 only
+    assert slurm_het_component() is None
+    monkeypatch.setenv("HYBRIDAGG_HET_COMPONENT", "1")  # stated by the launcher
+    assert slurm_het_component() == 1
+    monkeypatch.delenv("SLURM_HET_SIZE")
+    monkeypatch.delenv("HYBRIDAGG_HET_COMPONENT")
+    assert slurm_het_component() is None
+
+
+def test_launch_env_open_mpi_and_hydra(monkeypatch):
+    from hybridagg.launchenv import launch_env
+
+    for key in list(__import__("os").environ):
+        if key.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMI_", "MPI_LOCAL")):
+            monkeypatch.delenv(key)
+    assert launch_env().launcher == "none"
+    monkeypatch.setenv("PMI_RANK", "3")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    monkeypatch.setenv("MPI_LOCALRANKID", "1")
+    assert launch_env() == launch_env().__class__("mpich", 3, 4, 1, None, None)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "5")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "5")
+    assert launch_env().launcher == "openmpi" and launch_env().rank == 2

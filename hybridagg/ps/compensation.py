@@ -1,0 +1,117 @@
+"""Large-mini-batch compensation: one learning-rate rule for every mode.
+
+The user's ``lr`` is the rate for one worker's batch of the reference size
+(the user's ``--batch-size``). An update built from ``samples`` samples gets
+
+    lr_update = lr x warmup(u) x damping(staleness)
+
+where, with ``k = samples / reference_batch`` (the linear scaling rule of
+Goyal et al.), the warm-up ramps the scale from 1 to ``k`` over the first
+``warmup_updates`` updates (``u`` counts updates: all-reduce steps in sync,
+server versions in hybrid and async)::
+
+    warmup(u) = 1 + (k - 1) x min(1, u / warmup_updates)      (k once warm)
+
+and ``staleness`` is the server's version when the update is applied minus
+the version the gradient was computed from. Damping rules:
+
+``inverse`` (default)  1 / (1 + staleness)
+``sqrt``               1 / sqrt(1 + staleness)
+``none``               1
+
+In ``sync`` mode an update holds every worker's samples and staleness is 0;
+in ``hybrid`` a group's samples; in ``async`` one worker's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DAMPING_RULES", "Compensation", "damping", "lr_scale"]
+
+DAMPING_RULES = ("inverse", "sqrt", "none")
+
+
+def damping(staleness: int, rule: str = "inverse") -> float:
+    """The factor an update of this staleness is damped by.
+
+    Raises:
+        ValueError: Negative staleness or an unknown rule.
+    """
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    if rule == "inverse":
+        return 1.0 / (1.0 + staleness)
+    if rule == "sqrt":
+        return 1.0 / math.sqrt(1.0 + staleness)
+    if rule == "none":
+        return 1.0
+    raise ValueError(f"damping rule must be one of {DAMPING_RULES}, got {rule!r}")
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """Settings of the learning-rate rule (see the module docstring).
+
+    Attributes:
+        reference_batch: Samples of one worker's batch at which ``lr`` is
+            the user's rate; ``None`` turns linear scaling off (the rate is
+            used as is, as plain PyTorch would).
+        warmup_updates: Updates over which the scale ramps from 1 to ``k``.
+        staleness: Damping rule: ``"inverse"``, ``"sqrt"`` or ``"none"``.
+    """
+
+    reference_batch: float | None = None
+    warmup_updates: int = 0
+    staleness: str = "inverse"
+
+    def __post_init__(self) -> None:
+        if self.reference_batch is not None and not self.reference_batch > 0:
+            raise ValueError(
+                f"reference_batch must be positive, got {self.reference_batch}"
+            )
+        if self.warmup_updates < 0:
+            raise ValueError(f"warmup_updates must be >= 0, got {self.warmup_updates}")
+        if self.staleness not in DAMPING_RULES:
+            raise ValueError(
+                f"staleness damping must be one of {DAMPING_RULES}, got {self.staleness!r}"
+            )
+
+    def scale(self, samples: float, update: int, staleness: int = 0) -> float:
+        """The factor on the user's lr for one update (see :func:`lr_scale`)."""
+        return lr_scale(
+            samples,
+            update,
+            staleness,
+            reference_batch=self.reference_batch,
+            warmup_updates=self.warmup_updates,
+            rule=self.staleness,
+        )
+
+
+def lr_scale(
+    samples: float,
+    update: int,
+    staleness: int = 0,
+    *,
+    reference_batch: float | None,
+    warmup_updates: int = 0,
+    rule: str = "inverse",
+) -> float:
+    """The factor on the user's lr for one update of ``samples`` samples.
+
+    Args:
+        samples: Samples in the update.
+        update: Index of the update (0 for the first).
+        staleness: Server version at apply time minus the gradient's version.
+        reference_batch: One worker's batch (``None``: no linear scaling).
+        warmup_updates: Length of the warm-up in updates.
+        rule: Staleness damping rule.
+    """
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    k = 1.0 if reference_batch is None else samples / reference_batch
+    if warmup_updates > 0:
+        k = 1.0 + (k - 1.0) * min(1.0, update / warmup_updates)
+    return k * damping(staleness, rule)

@@ -1,0 +1,68 @@
+"""How the flat model is cut into server shards (pure logic).
+
+The parameters, flattened in model order, form one vector. It is cut into
+``K`` contiguous shards of equal size to within one element, so every server
+holds the same number of bytes, even when one tensor dominates the model. A
+shard may therefore hold a piece of a tensor; the server's optimizer then
+updates that piece as a tensor of its own, which is exact for element-wise
+optimizers (SGD with momentum and weight decay, Adam, AdamW, RMSprop,
+Adagrad, ...). Optimizers that compute per-tensor statistics (LAMB, LARS,
+Adafactor) would see pieces: use one server for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Piece", "pieces_of", "shard_ranges"]
+
+
+def shard_ranges(total: int, shards: int) -> list[tuple[int, int]]:
+    """Cut ``range(total)`` into ``shards`` contiguous, equal-size ranges.
+
+    Raises:
+        ValueError: ``shards`` is not positive or exceeds ``total``.
+    """
+    if shards < 1:
+        raise ValueError(f"need at least one shard, got {shards}")
+    if total < shards:
+        raise ValueError(f"{shards} shards cannot split a model of {total} elements")
+    base, extra = divmod(total, shards)
+    ranges, start = [], 0
+    for s in range(shards):
+        stop = start + base + (1 if s < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one parameter that lies in one shard.
+
+    Attributes:
+        param: Index of the parameter (model order).
+        start: First element of the piece within the parameter (flattened).
+        stop: One past its last element.
+        offset: Where the piece starts within the shard.
+    """
+
+    param: int
+    start: int
+    stop: int
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+def pieces_of(numels: list[int], lo: int, hi: int) -> list[Piece]:
+    """The pieces of parameters (of sizes ``numels``) inside ``[lo, hi)`` of the flat vector."""
+    pieces, base = [], 0
+    for index, n in enumerate(numels):
+        a, b = max(lo, base), min(hi, base + n)
+        if a < b:
+            pieces.append(Piece(index, a - base, b - base, a - lo))
+        base += n
+    return pieces
