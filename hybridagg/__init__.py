@@ -25,6 +25,8 @@ _LAZY = {
     "allreduce_async_": "hybridagg.ops",
     "synchronize": "hybridagg.ops",
     "broadcast": "hybridagg.ops",
+    "serve": "hybridagg.ps.server",
+    "Compensation": "hybridagg.ps.compensation",
     "Comm": "hybridagg.comm",
     "CommTimeoutError": "hybridagg.comm",
     "RemoteError": "hybridagg.comm",

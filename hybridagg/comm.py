@@ -378,6 +378,33 @@ class Comm:
         """Post a receive into ``x`` from ``source``."""
         return self.mpi.Irecv(as_buffer(x), source, tag)
 
+    def isend_obj(self, obj: Any, dest: int, tag: int = 0) -> tuple[MPI.Request, Any]:
+        """Post a send of a picklable object; keep the returned buffer until done."""
+        payload = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8)
+        return self.mpi.Isend([payload, MPI.UINT8_T], dest, tag), payload
+
+    def recv_obj(self, source: int, tag: int = 0, *, what: str = "") -> Any:
+        """Receive a picklable object sent with :meth:`isend_obj` (polled)."""
+        status = MPI.Status()
+        self.wait_for(
+            lambda: self.mpi.Iprobe(source, tag, status),
+            what or f"object from rank {source} (tag {tag})",
+        )
+        payload = np.empty(status.Get_count(MPI.UINT8_T), dtype=np.uint8)
+        req = self.mpi.Irecv([payload, MPI.UINT8_T], status.Get_source(), tag)
+        self.wait(req, what or f"object from rank {source}")
+        return pickle.loads(payload.tobytes())
+
+    def wait_for(
+        self, done: Callable[[], bool], what: str, timeout: float | None = None
+    ) -> float:
+        """:func:`poll` on an arbitrary condition, with this communicator's timeout."""
+        return poll(
+            done,
+            what=f"{what} on {self.name} (rank {self.rank}/{self.size})",
+            timeout=self.timeout if timeout is None else timeout,
+        )
+
     # --- small Python objects -------------------------------------------------
     def allgather_obj(self, obj: Any, *, what: str = "allgather of objects") -> list:
         """Gather a picklable object from every rank to every rank (polled)."""

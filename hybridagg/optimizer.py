@@ -34,6 +34,8 @@ import torch
 
 from .allreduce import DEFAULT_BUCKET_BYTES, GradientReducer, make_transport
 from .comm import Comm
+from .ps.compensation import Compensation
+from .ps.exchange import GroupExchange
 from .topology import Topology
 
 __all__ = [
@@ -71,6 +73,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         allreduce_backend: ``"mpi"``, ``"torch"`` (NCCL on CUDA, gloo on CPU),
             ``"horovod"``, or ``"auto"`` (``"torch"`` for CUDA parameters,
             else ``"mpi"``).
+        compensation: The learning-rate rule
+            (:class:`~hybridagg.ps.compensation.Compensation`): linear
+            scaling by the update's samples with warm-up, and staleness
+            damping. Default: no scaling (the rate as given), damping
+            ``1 / (1 + staleness)`` in hybrid and async.
+        staleness_bound: Hybrid/async: SSP bound ``s`` in a group's own
+            updates (``None``: groups never wait for each other).
+        max_updates: Hybrid/async: server version after which
+            :attr:`should_stop` turns true on every worker.
+        overlap: Hybrid/async: overlap the leader's exchange with the
+            group's next step (each update then at least one version stale).
 
     Raises:
         TypeError: ``optimizer`` or ``topology`` is of the wrong kind.
@@ -88,6 +101,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         model: torch.nn.Module | None = None,
         bucket_mb: float = DEFAULT_BUCKET_BYTES / 2**20,
         allreduce_backend: str = "auto",
+        compensation: Compensation | None = None,
+        staleness_bound: int | None = None,
+        max_updates: int | None = None,
+        overlap: bool = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -127,9 +144,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{len(topo.servers)}; use mode='hybrid' or servers=0"
             )
         if mode != "sync":
-            raise ValueError(f"mode={mode!r} needs the parameter server (hybridagg.ps)")
-        hierarchical = topo.num_groups > 1
-        self._control = comms.workers.dup("control")
+            _check_ps_mode(topo, mode, staleness_bound, max_updates)
+        if compensation is not None and not isinstance(compensation, Compensation):
+            raise TypeError("compensation must be a hybridagg.ps.Compensation")
+        self.compensation = compensation or Compensation()
+        hierarchical = mode == "sync" and topo.num_groups > 1
+        scope = comms.workers if mode == "sync" else comms.group
+        self._control = scope.dup("control")
         self._check_parameters(named, self._control)
         backend = allreduce_backend
         if backend == "auto":
@@ -151,6 +172,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ]
         self._synced = False
         self.last_total_samples = 0.0
+        self.updates = 0
+        self._exchange = None
+        if mode != "sync":
+            self._exchange = GroupExchange(
+                topo,
+                [p for _, p in named],
+                self._buffers,
+                optimizer,
+                self.compensation,
+                staleness_bound,
+                max_updates,
+                overlap,
+            )
 
     # --- wiring --------------------------------------------------------------
     def _setup_optimizer_attrs(self, optimizer: torch.optim.Optimizer) -> None:
@@ -287,9 +321,59 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._synced:
             self.synchronize()
         self._synced = False
-        if self.last_total_samples > 0:
-            self.optimizer.step()
+        total = self.last_total_samples
+        if self._exchange is not None:
+            grads = [p.grad for p in self._reducer.params]
+            lrs = [group["lr"] for group in self.param_groups]
+            self._exchange.step(grads, total, lrs)
+            self.updates = self._exchange.updates
+            return loss
+        if total > 0:
+            scale = self.compensation.scale(total, self.updates, 0)
+            if scale == 1.0:
+                self.optimizer.step()
+            else:
+                saved = [group["lr"] for group in self.param_groups]
+                for group in self.param_groups:
+                    group["lr"] = group["lr"] * scale
+                try:
+                    self.optimizer.step()
+                finally:
+                    for group, lr in zip(self.param_groups, saved, strict=True):
+                        group["lr"] = lr
+            self.updates += 1
         return loss
+
+    @property
+    def should_stop(self) -> bool:
+        """Hybrid/async: the servers reached ``max_updates`` (same on every worker)."""
+        return self._exchange is not None and self._exchange.should_stop
+
+    @property
+    def last_staleness(self) -> int:
+        """Staleness of this group's last update (0 in sync mode)."""
+        return 0 if self._exchange is None else self._exchange.last_staleness
+
+    def pull_weights(self) -> torch.Tensor:
+        """Hybrid/async, on a group leader: the servers' current flat weights."""
+        if self._exchange is None:
+            raise ValueError("pull_weights() needs mode='hybrid' or 'async'")
+        return self._exchange.pull()
+
+    def finish(self, timeout: float | None = None) -> int | None:
+        """End training on this worker; call once on every worker after the last step.
+
+        In hybrid/async mode the leaders tell the servers they are done, and
+        rank 0 receives the final weights from the servers (waiting until
+        every group is done) and loads them into its model, for saving.
+
+        Returns:
+            On rank 0 in hybrid/async mode the final server version, else ``None``.
+        """
+        self._reducer.remove_hooks()
+        if self._exchange is None:
+            return None
+        return self._exchange.finish(timeout)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (a misuse between ``backward()`` and ``step()``).
@@ -332,6 +416,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer(mode={self.mode!r}, {self.optimizer!r})"
+
+
+def _check_ps_mode(topo: Topology, mode: str, bound, budget) -> None:
+    if not topo.servers:
+        raise ValueError(
+            f"mode={mode!r} needs at least one parameter server (servers=K)"
+        )
+    if mode == "async" and any(len(g) != 1 for g in topo.groups):
+        raise ValueError(
+            "mode='async' puts every worker in its own group; the topology has "
+            f"groups {[list(g) for g in topo.groups]} (use init(groups='each'))"
+        )
+    if bound is not None and (
+        isinstance(bound, bool) or not isinstance(bound, int) or bound < 0
+    ):
+        raise ValueError(f"staleness_bound must be an integer >= 0, got {bound!r}")
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
+        raise ValueError(f"max_updates must be a positive integer, got {budget!r}")
 
 
 # --------------------------------------------------------------- broadcasts

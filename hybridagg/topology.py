@@ -14,6 +14,8 @@ Grouping policies (the ``groups`` string):
 
 ``world``
     One group of all workers.
+``each``
+    Every worker its own group (the ``async`` mode's layout).
 ``node``
     One group per node (ranks sharing memory, ``MPI_COMM_TYPE_SHARED``).
 ``device``
@@ -406,6 +408,8 @@ def plan(
     policy, _, arg = groups.strip().partition(":")
     if policy == "world":
         layout = [list(workers)]
+    elif policy == "each":
+        layout = [[r] for r in workers]
     elif policy == "node":
         layout = _by_key(workers, [i.host for i in infos])
     elif policy == "device":

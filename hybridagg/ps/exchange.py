@@ -1,0 +1,206 @@
+"""What a worker does after its group's reduction in ``hybrid`` and ``async`` modes.
+
+The leader pushes the group gradient to the servers and pulls fresh weights
+(:class:`~hybridagg.ps.client.PSClient`), then broadcasts them in its group
+with a small header (stop flag, whether new weights came, staleness). With
+``overlap=True`` the leader posts the exchange and lets the group compute
+the next step on the weights it has; the reply is applied one step later,
+so each gradient is at least one version stale (counted as staleness).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..topology import Topology
+from .client import PSClient
+from .compensation import Compensation
+
+__all__ = ["GroupExchange"]
+
+_HEAD = 4  # stop, new weights, staleness, lr scale
+
+
+class GroupExchange:
+    """The hybrid/async step of one worker.
+
+    Args:
+        topology: From :func:`hybridagg.init` (with servers).
+        params: The model's parameters (model order).
+        buffers: Floating buffers that travel with the weights.
+        optimizer: The user's optimizer (its class and settings go to the servers).
+        compensation: Learning-rate rule applied by the servers.
+        staleness_bound: SSP bound in a group's own updates (``None``: none).
+        max_updates: Server version after which every group is told to stop.
+        overlap: Overlap a leader's exchange with the group's next step.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        params: list[torch.Tensor],
+        buffers: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        compensation: Compensation,
+        staleness_bound: int | None,
+        max_updates: int | None,
+        overlap: bool,
+    ) -> None:
+        comms = topology.comms
+        self.topology, self.params, self.buffers = topology, params, buffers
+        self.is_leader, self.overlap = topology.is_leader, overlap
+        self.group = comms.group.dup("group.weights") if comms.group.size > 1 else None
+        self.client = None
+        if self.is_leader:
+            self.client = PSClient(
+                comms.leaders.dup("ps"),
+                topology.num_groups,
+                params,
+                buffers,
+                optimizer,
+                compensation,
+                staleness_bound,
+                max_updates,
+            )
+        numel = sum(p.numel() for p in params)
+        self.wbuf = torch.empty(numel, dtype=params[0].dtype)
+        nbuf = sum(b.numel() for b in buffers)
+        self.bbuf = torch.empty(nbuf, dtype=torch.float64) if nbuf else None
+        self.head = torch.zeros(_HEAD, dtype=torch.float64)
+        self.pending = None
+        self.model_versions = [0] * (
+            topology.comms.leaders.size - topology.num_groups if self.is_leader else 0
+        )
+        self.should_stop = False
+        self.last_staleness = 0
+        self.last_lr_scale = 1.0
+        self.updates = 0
+
+    # --- leader ------------------------------------------------------------
+    def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
+        """Returns whether the model now holds new weights."""
+        client = self.client
+        new = False
+        if self.overlap:
+            if self.pending is not None:
+                self._finish_pending()
+                new = True
+            if samples > 0:
+                self.pending = client.push(grads, samples, lrs, self.model_versions)
+            return new
+        if samples > 0:
+            info = client.complete(
+                client.push(grads, samples, lrs, self.model_versions)
+            )
+            self._apply(info)
+            new = True
+        return new
+
+    def _finish_pending(self) -> None:
+        info = self.client.complete(self.pending)
+        self.pending = None
+        self._apply(info)
+
+    def _apply(self, info: dict) -> None:
+        self.client.unpack_into_model()
+        self.model_versions = info["versions"]
+        self.should_stop = self.should_stop or info["stop"]
+        self.last_staleness = info["staleness"]
+        self.last_lr_scale = info["lr_scale"]
+        self.updates += 1
+
+    # --- everyone ------------------------------------------------------------
+    def step(self, grads, samples: float, lrs: list[float]) -> None:
+        """After the group reduction: exchange (leader) and share the weights."""
+        new = self._leader_step(grads, samples, lrs) if self.is_leader else False
+        if self.group is None:
+            return
+        if self.is_leader:
+            self.head[:] = torch.tensor(
+                [
+                    float(self.should_stop),
+                    float(new),
+                    self.last_staleness,
+                    self.last_lr_scale,
+                ]
+            )
+            if new:
+                self._pack()
+        group = self.group
+        group.bcast(self.head, 0, what="weights header from the group leader")
+        if self.head[1] > 0:
+            reqs = [group.ibcast(self.wbuf, 0)]
+            if self.bbuf is not None:
+                reqs.append(group.ibcast(self.bbuf, 0))
+            group.wait(reqs, "weights from the group leader")
+            if not self.is_leader:
+                self._unpack()
+                self.updates += 1
+        if not self.is_leader:
+            self.should_stop = bool(self.head[0])
+            self.last_staleness = int(self.head[2])
+            self.last_lr_scale = float(self.head[3])
+
+    def _pack(self) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            self.wbuf[offset : offset + n].copy_(p.detach().reshape(-1))
+            offset += n
+        if self.bbuf is not None:
+            offset = 0
+            for b in self.buffers:
+                n = b.numel()
+                self.bbuf[offset : offset + n].copy_(b.detach().reshape(-1))
+                offset += n
+
+    def _unpack(self) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(self.wbuf[offset : offset + n].view_as(p))
+                offset += n
+            if self.bbuf is not None:
+                offset = 0
+                for b in self.buffers:
+                    n = b.numel()
+                    b.copy_(self.bbuf[offset : offset + n].view_as(b))
+                    offset += n
+
+    def pull(self) -> torch.Tensor:
+        """On a leader: the servers' current weights as one flat tensor (a copy).
+
+        Does not change the model. In overlap mode a pending exchange is
+        completed (and applied) first.
+        """
+        if not self.is_leader:
+            raise ValueError("only a group leader can pull from the parameter servers")
+        if self.pending is not None:
+            self._finish_pending()
+        saved = self.client.flat_weights.clone()
+        self.client.complete(self.client.pull())
+        fresh = self.client.flat_weights.clone()
+        self.client.flat_weights.copy_(saved)
+        return fresh
+
+    def finish(self, timeout: float | None = None) -> int | None:
+        """End this group's run (call on every worker, after the last step).
+
+        The leader completes any pending exchange, tells the servers it is
+        done; leader 0 then receives the final weights of every shard (once
+        every group is done) and loads them into its model.
+
+        Returns:
+            On leader 0 the final server version, else ``None``.
+        """
+        if not self.is_leader:
+            return None
+        if self.pending is not None:
+            self._finish_pending()
+        self.client.done()
+        if self.client.ps.rank != 0:
+            return None
+        version = self.client.receive_final(timeout)
+        self.client.unpack_into_model()
+        return version

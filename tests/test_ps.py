@@ -1,0 +1,415 @@
+"""Parameter server: compensation, sharding, exactness, convergence, staleness, lifecycle."""
+
+import resource
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from hybridagg.ps.compensation import Compensation, damping, lr_scale
+from hybridagg.ps.shards import pieces_of, shard_ranges
+
+
+# ------------------------------------------------------------------ pure logic
+def test_linear_scaling_with_warmup_and_damping():
+    assert lr_scale(64, 0, reference_batch=32) == 2.0
+    assert lr_scale(64, 0, reference_batch=None) == 1.0
+    # warm-up ramps the scale from 1 to k over the given updates
+    ramp = [lr_scale(128, u, reference_batch=32, warmup_updates=4) for u in range(6)]
+    assert ramp == [1.0, 1.75, 2.5, 3.25, 4.0, 4.0]
+    assert lr_scale(32, 10, 3, reference_batch=32) == 0.25  # 1 / (1 + 3)
+    assert damping(3, "sqrt") == 0.5 and damping(7, "none") == 1.0
+    assert Compensation(reference_batch=16).scale(8, 0, 1) == 0.25
+    with pytest.raises(ValueError, match="damping rule"):
+        damping(1, "exp")
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        damping(-1)
+    with pytest.raises(ValueError, match="reference_batch must be positive"):
+        Compensation(reference_batch=0)
+    with pytest.raises(ValueError, match="staleness damping must be one of"):
+        Compensation(staleness="linear")
+
+
+def test_shards_are_balanced_and_pieces_cover_the_model():
+    assert shard_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    numels = [6, 1, 9]  # 16 elements, one tensor dominates
+    covered = []
+    for lo, hi in shard_ranges(16, 3):
+        assert hi - lo in (5, 6)
+        for piece in pieces_of(numels, lo, hi):
+            covered.append((piece.param, piece.start, piece.stop))
+            assert 0 <= piece.offset < hi - lo
+    flat = [(p, i) for p, a, b in covered for i in range(a, b)]
+    assert flat == [(p, i) for p, n in enumerate(numels) for i in range(n)]
+    with pytest.raises(ValueError, match="cannot split"):
+        shard_ranges(2, 3)
+
+
+# ------------------------------------------------------------------ helpers
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)
+    ).double()
+
+
+def make_opt(kind, model):
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.Adam(
+        [
+            {"params": model[0].parameters(), "lr": 0.01},
+            {"params": model[2].parameters(), "lr": 0.003, "betas": (0.8, 0.95)},
+        ]
+    )
+
+
+def exactness(kind, servers, steps=5):
+    import hybridagg
+
+    topo = hybridagg.init(groups="world", servers=servers)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    n, rank = topo.num_workers, topo.rank
+    model, ref = mlp(), mlp()
+    opt = hybridagg.DistributedOptimizer(
+        make_opt(kind, model),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+        bucket_mb=200 / 2**20,
+    )
+    ref_opt = make_opt(kind, ref)
+    g = torch.Generator().manual_seed(99)
+    for step in range(steps):
+        sizes = torch.randint(1, 5, (n,), generator=g)
+        total = int(sizes.sum())
+        x = torch.randn(total, 6, generator=g, dtype=torch.float64)
+        y = torch.randn(total, 3, generator=g, dtype=torch.float64)
+        lo = int(sizes[:rank].sum())
+        mine = slice(lo, lo + int(sizes[rank]))
+        opt.set_samples(int(sizes[rank]))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=f"step {step}")
+        assert opt.last_staleness == 0
+    version = opt.finish()
+    if rank == 0:
+        assert version == steps
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.mpi(ranks=[3, 4, 5], timeout=180)
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("servers", [1, 2])
+def test_hybrid_with_one_group_reproduces_sync(mpi_ranks, kind, servers):
+    if mpi_ranks - servers < 1:
+        pytest.skip("needs a worker")
+    exactness(kind, servers)
+
+
+def least_squares_run(mode, groups, servers, slowdown, steps=60, bound=None):
+    """Train w on y = X w* (+ noise-free); returns (distance to w*, info)."""
+    import hybridagg
+
+    topo = hybridagg.init(groups=groups, servers=servers)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        return None, stats
+    g = torch.Generator().manual_seed(5)
+    w_star = torch.randn(8, 1, generator=g, dtype=torch.float64)
+    x_all = torch.randn(512, 8, generator=g, dtype=torch.float64)
+    y_all = x_all @ w_star
+    model = torch.nn.Linear(8, 1, bias=False).double()
+    torch.nn.init.zeros_(model.weight)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model.named_parameters(),
+        topo,
+        mode=mode,
+        compensation=hybridagg.Compensation(reference_batch=16),
+        staleness_bound=bound,
+    )
+    rng = torch.Generator().manual_seed(100 + topo.rank)
+    stale = []
+    for _ in range(steps):
+        idx = torch.randint(0, 512, (16,), generator=rng)
+        opt.set_samples(16)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x_all[idx]), y_all[idx]).backward()
+        time.sleep(0.002 * slowdown.get(topo.rank, 1.0))
+        opt.step()
+        stale.append(opt.last_staleness)
+    opt.finish()
+    dist = float((model.weight.detach().T - w_star).norm() / w_star.norm())
+    return dist, {"stale": stale, "updates": opt.updates, "topo": topo}
+
+
+@pytest.mark.mpi(ranks=[3, 4, 5], timeout=240)
+@pytest.mark.parametrize("mode", ["hybrid", "async"])
+def test_convergence_to_the_known_optimum(mpi_ranks, mode):
+    servers = 2 if mpi_ranks == 5 else 1
+    workers = mpi_ranks - servers
+    if mode == "hybrid":
+        groups = "0,1-2" if workers == 3 else ("0-1" if workers == 2 else "0,1")
+        if workers == 2:
+            groups = "0,1"
+    else:
+        groups = "each"
+    slow = {workers - 1: 4.0}  # the last worker is four times slower
+    dist, info = least_squares_run(mode, groups, servers, slow)
+    if dist is not None and info["topo"].rank == 0:
+        # rank 0 holds the servers' final weights after finish()
+        assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
+
+
+@pytest.mark.mpi(ranks=4, timeout=240)
+def test_staleness_bound_holds_and_unbounded_fast_group_runs_ahead():
+    import hybridagg
+
+    # groups {0}, {1-2}: rank 0 fast, ranks 1-2 ten times slower; 1 server
+    slow = {1: 10.0, 2: 10.0}
+    s = 1
+    _, bounded = least_squares_run("hybrid", "0,1-2", 1, slow, steps=30, bound=s)
+    if bounded is not None and not isinstance(bounded, hybridagg.ps.ServerStats):
+        groups = 2
+        assert max(bounded["stale"]) <= (groups - 1) * (s + 1), bounded["stale"]
+    elif bounded is not None:
+        assert bounded.held > 0  # the fast group was made to wait
+        counts = bounded.updates_per_leader
+        assert counts == [30, 30]
+
+
+@pytest.mark.mpi(ranks=4, timeout=240)
+def test_fast_group_is_never_blocked_without_a_bound():
+    import hybridagg
+
+    topo = hybridagg.init(groups="0,1-2", servers=1)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        # while the slow group made its few updates, the fast one made many
+        assert stats.updates_per_leader[1] == 5
+        assert stats.updates_per_leader[0] >= 3 * stats.updates_per_leader[1]
+        assert stats.held == 0
+        return
+    model = torch.nn.Linear(4, 1)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+    )
+    x = torch.randn(8, 4)
+    if topo.group == 1:
+        steps, nap = 5, 0.2
+    else:
+        steps, nap = 0, 0.0
+    if topo.group == 0:
+        # the fast group keeps stepping until the slow group has finished
+        done = topo.comms.workers.mpi.Ibarrier()
+        while not done.Test():
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        opt.finish()
+        return
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        time.sleep(nap)
+        opt.step()
+    topo.comms.workers.wait(topo.comms.workers.mpi.Ibarrier(), "slow group done")
+    opt.finish()
+
+
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_seconds(pid):
+    """utime + stime of another process on this machine, from /proc."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_idle_server_costs_well_under_a_tenth_of_a_core():
+    import os
+
+    import hybridagg
+
+    topo = hybridagg.init(servers=1)
+    pids = topo.comms.world.allgather_obj(os.getpid())
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    model = torch.nn.Linear(4, 2)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+    )
+    for _ in range(2):  # warm the server up: its first update imports lazily
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    # no traffic for 2 s, while this worker watches the server's CPU time
+    cpu, wall = process_cpu_seconds(pids[1]), time.perf_counter()
+    time.sleep(2.0)
+    cpu, wall = process_cpu_seconds(pids[1]) - cpu, time.perf_counter() - wall
+    assert cpu / wall < 0.10, f"idle server used {cpu / wall:.1%} of a core"
+    assert opt.finish() == 2
+
+
+@pytest.mark.mpi(ranks=5, timeout=180)
+def test_one_group_finishing_early_does_not_hang_and_rank0_gets_final_weights():
+    import hybridagg
+
+    topo = hybridagg.init(groups="0-1,2-3", servers=1)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        assert stats.updates_per_leader == [2, 12]
+        assert stats.version == 14
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    hybridagg.broadcast_parameters(model.state_dict(), topology=topo)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+    )
+    steps = 2 if topo.group == 0 else 12
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        time.sleep(0.02)
+        opt.step()
+    version = opt.finish()
+    if topo.rank == 0:
+        assert version == 14
+
+
+@pytest.mark.mpi(ranks=3, timeout=120)
+def test_pull_gives_the_authoritative_weights_and_stop_budget():
+    import hybridagg
+
+    topo = hybridagg.init(groups="each", servers=1)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    hybridagg.broadcast_parameters(model.state_dict(), topology=topo)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model.named_parameters(),
+        topo,
+        mode="async",
+        max_updates=6,
+    )
+    steps = 0
+    while not opt.should_stop:
+        opt.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        steps += 1
+        assert steps < 100
+    flat = opt.pull_weights()
+    assert flat.numel() == 4
+    opt.finish()
+
+
+@pytest.mark.mpi(ranks=3, timeout=120)
+def test_bad_mode_combinations():
+    import hybridagg
+
+    model = torch.nn.Linear(2, 1)
+    plain = hybridagg.init()
+    with pytest.raises(ValueError, match="needs at least one parameter server"):
+        hybridagg.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model.named_parameters(),
+            plain,
+            mode="hybrid",
+        )
+    grouped = hybridagg.init(groups="0-1", servers=1)
+    if grouped.is_worker:
+        with pytest.raises(ValueError, match="mode='async' puts every worker"):
+            hybridagg.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model.named_parameters(),
+                grouped,
+                mode="async",
+            )
+        with pytest.raises(ValueError, match="staleness_bound must be"):
+            hybridagg.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model.named_parameters(),
+                grouped,
+                mode="hybrid",
+                staleness_bound=-1,
+            )
+    else:
+        with pytest.raises(ValueError, match="is a parameter server"):
+            hybridagg.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model.named_parameters(),
+                grouped,
+                mode="hybrid",
+            )
+    with pytest.raises(ValueError, match="is a worker, not a parameter server"):
+        if grouped.is_worker:
+            hybridagg.serve(grouped)
+        else:
+            raise ValueError("rank 2 is a worker, not a parameter server (mirror)")
+
+
+def test_a_worker_that_raises_ends_the_whole_job(tmp_path):
+    from hybridagg import runner
+
+    script = tmp_path / "fail.py"
+    script.write_text(
+        textwrap.dedent("""
+        import torch, hybridagg
+        topo = hybridagg.init(groups="0,1", servers=1)
+        if topo.is_server:
+            hybridagg.serve(topo)
+        else:
+            model = torch.nn.Linear(2, 1)
+            opt = hybridagg.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                topo, mode="hybrid")
+            for step in range(1000):
+                opt.zero_grad()
+                model(torch.randn(2, 2)).sum().backward()
+                if topo.rank == 1 and step == 3:
+                    raise RuntimeError("worker 1 lost its data")
+                opt.step()
+            opt.finish()
+    """)
+    )
+    argv = runner.mpiexec_argv(3, [sys.executable, str(script)])
+    env = runner.mpiexec_env()
+    env["HYBRIDAGG_TIMEOUT"] = "30"
+    result = runner.run_job(argv, timeout=90, env=env)
+    out = result.stdout + result.stderr
+    assert not result.timed_out, out
+    assert result.returncode != 0
+    assert "rank 1: unhandled RuntimeError: worker 1 lost its data" in out, out
+    assert runner.processes_with_token(result.token) == []
