@@ -141,20 +141,22 @@ class PSClient:
         """Post a push of the group gradient and the pull of fresh weights.
 
         Args:
-            grads: The group-averaged gradient of each parameter (``None``: zero).
+            grads: The group-averaged gradient of each parameter (``None``:
+                zero), or ``self.flat_grad`` itself, already filled.
             samples: The group's samples in this update.
             lrs: Current ``lr`` of each of the user's parameter groups.
             versions: Per shard, the version the gradient was computed from.
         """
-        offset = 0
-        for p, g in zip(self.params, grads, strict=True):
-            n = p.numel()
-            view = self.flat_grad[offset : offset + n]
-            if g is None:
-                view.zero_()
-            else:
-                view.copy_(g.reshape(-1))
-            offset += n
+        if grads is not self.flat_grad:  # else the caller filled it in place
+            offset = 0
+            for p, g in zip(self.params, grads, strict=True):
+                n = p.numel()
+                view = self.flat_grad[offset : offset + n]
+                if g is None:
+                    view.zero_()
+                else:
+                    view.copy_(g.reshape(-1))
+                offset += n
         reqs, replies = self._post_replies()
         keep = []
         for s, (lo, hi) in enumerate(self.ranges):

@@ -64,6 +64,7 @@ class ServerStats:
     held: int = 0
     max_staleness: int = 0
     busy_seconds: float = 0.0
+    apply_seconds: float = 0.0
 
 
 class _Shard:
@@ -128,12 +129,10 @@ def serve(topology, *, timeout: float | None = None) -> ServerStats:
     stats = ServerStats(server=me, updates_per_leader=[0] * G)
     headers = [np.zeros(3 + ngroups_user, dtype=np.float64) for _ in range(G)]
     hreqs = [ps.mpi.Irecv(headers[g], g, HDR) for g in range(G)]
-    reply_w = [torch.empty_like(shard.flat) for _ in range(G)]
     reply_h = [np.zeros(REPLY_LEN, dtype=np.float64) for _ in range(G)]
-    reply_b = [
-        None if shard.buffers is None else torch.empty_like(shard.buffers)
-        for _ in range(G)
-    ]
+    # Replies are sent from the shard itself (no copy); before the shard
+    # changes, every reply in flight is completed (the leader posted its
+    # receive before pushing, so this is quick).
     sends: list[list[MPI.Request]] = [[] for _ in range(G)]
     held: dict[int, tuple[int, float]] = {}
     done: set[int] = set()
@@ -144,14 +143,12 @@ def serve(topology, *, timeout: float | None = None) -> ServerStats:
         ps.wait(sends[g], f"previous reply to leader {g}")
         stop = 1.0 if budget is not None and version >= budget else 0.0
         reply_h[g][:] = (version, stop, staleness, scale)
-        reply_w[g].copy_(shard.flat)
         reqs = [
             ps.mpi.Isend(reply_h[g], g, REPLY_HDR),
-            ps.isend(reply_w[g], g, REPLY_W),
+            ps.isend(shard.flat, g, REPLY_W),
         ]
-        if reply_b[g] is not None:
-            reply_b[g].copy_(shard.buffers)
-            reqs.append(ps.isend(reply_b[g], g, REPLY_BUF))
+        if shard.buffers is not None:
+            reqs.append(ps.isend(shard.buffers, g, REPLY_BUF))
         sends[g] = reqs
 
     def too_far_ahead(g: int) -> bool:
@@ -189,7 +186,10 @@ def serve(topology, *, timeout: float | None = None) -> ServerStats:
             version_from, samples = int(header[1]), float(header[2])
             staleness = version - version_from
             scale = comp.scale(samples, version, staleness)
+            ps.wait([r for reqs in sends for r in reqs], "replies in flight")
+            applied = time.perf_counter()
             shard.apply(header[3:].tolist(), scale)
+            stats.apply_seconds += time.perf_counter() - applied
             if incoming_buffers is not None:
                 shard.buffers.copy_(incoming_buffers)
             version += 1

@@ -1,0 +1,279 @@
+"""Parameter-server benchmark: push+pull latency and bandwidth, and server capacity.
+
+One command runs everything (it starts the MPI jobs itself)::
+
+    python bench/ps.py --json ps.json
+
+Latency (``--servers K``, one leader): a leader pushes a gradient of B bytes
+(4 KiB ... 256 MiB) to the K servers and pulls the updated weights, through
+hybridagg's own client and server. The anchor, in the same job and
+interleaved, is raw ``mpi4py``: the leader sends the same bytes to the
+servers and receives the same bytes back (point to point, blocking, the
+fastest way MPI moves them), measured in the same job right after the PS at
+each size. The servers' optimizer update (SGD) is timed on the servers and
+reported separately (``update_us``); it is subtracted from the PS figure, so
+both figures are communication only. ``algbw`` counts both directions,
+``2 x bytes / time``, for both implementations.
+
+Capacity: 1-4 leaders, each sleeping 2 ms between pushes of a 1 MiB model,
+push to one server for a few seconds; the server's updates per second (a
+capacity figure on this machine, not a scaling claim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+
+
+def human(nbytes: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= div:
+            return f"{nbytes / div:g} {unit}"
+    return f"{nbytes} B"
+
+
+# ------------------------------------------------------------ inside MPI jobs
+def _leader_model(nbytes: int):
+    import torch
+
+    n = max(1, nbytes // 4)
+    return torch.nn.Parameter(torch.zeros(n))
+
+
+def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
+    import torch
+    from mpi4py import MPI
+
+    import hybridagg
+    from hybridagg.comm import Comm
+    from hybridagg.ps.client import PSClient
+    from hybridagg.ps.compensation import Compensation
+
+    topo = hybridagg.init(groups="world", servers=MPI.COMM_WORLD.size - 1)
+    raw = Comm(name="raw")  # the anchor's own communicator
+    K = len(topo.servers)
+    out = []
+    for nbytes in sizes:
+        if topo.is_server:
+            stats = hybridagg.serve(topo)
+            lo, hi = raw.bcast_obj(None, 0)[raw.rank - 1]
+            raw_buf = np.empty(hi - lo, dtype=np.float32)
+            for _ in range(reps + 1):
+                raw.mpi.Recv(raw_buf, 0, 7)
+                raw.mpi.Send(raw_buf, 0, 8)
+            raw.allgather_obj(stats.apply_seconds / max(1, stats.version))
+            continue
+        param = _leader_model(nbytes)
+        opt = torch.optim.SGD([param], lr=0.0)
+        client = PSClient(
+            topo.comms.leaders.dup("ps"), 1, [param], [], opt, Compensation()
+        )
+        client.flat_grad.fill_(1.0)
+        ps_times = []
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            client.complete(client.push(client.flat_grad, 1.0, [0.0], client.versions))
+            if rep:
+                ps_times.append(time.perf_counter() - start)
+        client.done()
+        client.receive_final()
+        client.ps.free()
+        # raw anchor: the same bytes, sharded the same way, both directions
+        ranges = client.ranges
+        raw.bcast_obj(ranges, 0)  # servers size their buffers from the shard
+        flat = np.ones(param.numel(), dtype=np.float32)
+        raw_times = []
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            for s, (lo, hi) in enumerate(ranges):
+                raw.mpi.Send(flat[lo:hi], 1 + s, 7)
+            for s, (lo, hi) in enumerate(ranges):
+                raw.mpi.Recv(flat[lo:hi], 1 + s, 8)
+            if rep:
+                raw_times.append(time.perf_counter() - start)
+        update_s = max(raw.allgather_obj(0.0))
+        for impl, times in (("hybridagg-ps", ps_times), ("mpi4py-p2p", raw_times)):
+            t = np.array(times) - (update_s if impl == "hybridagg-ps" else 0.0)
+            med = float(np.median(t))
+            out.append(
+                {
+                    "impl": impl,
+                    "ranks": 1 + K,
+                    "servers": K,
+                    "bytes": nbytes,
+                    "avg_us": float(t.mean() * 1e6),
+                    "min_us": float(t.min() * 1e6),
+                    "max_us": float(t.max() * 1e6),
+                    "median_us": med * 1e6,
+                    "algbw_GBps": 2 * nbytes / med / 1e9,
+                    "update_us": update_s * 1e6,
+                }
+            )
+    return out if topo.rank == 0 else None
+
+
+def run_capacity(seconds: float, nap_ms: float) -> dict | None:
+    import torch
+
+    import hybridagg
+
+    topo = hybridagg.init(groups="each", servers=1)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return None
+    param = torch.nn.Parameter(torch.zeros(2**18))  # 1 MiB
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD([param], lr=0.01), [("w", param)], topo, mode="async"
+    )
+    exchange = opt._exchange
+
+    def one_step() -> None:
+        opt.zero_grad()
+        param.sum().backward()
+        time.sleep(nap_ms / 1000)
+        opt.step()
+
+    for _ in range(3):  # the server's first update pays torch's lazy imports
+        one_step()
+    workers = topo.comms.workers
+    workers.barrier(what="capacity start")
+    v0, t0 = max(exchange.model_versions), time.perf_counter()
+    while time.perf_counter() < t0 + seconds:
+        one_step()
+    v1, t1 = max(exchange.model_versions), time.perf_counter()
+    workers.barrier(what="capacity end")
+    opt.finish()
+    # rank 0 saw the server's version before and after the window; every
+    # version in between is one update by some leader
+    if topo.rank == 0:
+        return {
+            "impl": "hybridagg-ps",
+            "leaders": topo.num_groups,
+            "servers": 1,
+            "updates_per_sec": (v1 - v0) / (t1 - t0),
+            "nap_ms": nap_ms,
+        }
+    return None
+
+
+# ------------------------------------------------------------------ driver
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--inner", choices=["latency", "capacity"], help=argparse.SUPPRESS
+    )
+    parser.add_argument("--servers", default="1,2", help="server counts for latency")
+    parser.add_argument("--min", type=int, default=4096)
+    parser.add_argument("--max", type=int, default=256 * 2**20)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--leaders", default="1,2,3,4")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--nap-ms", type=float, default=2.0)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the records here")
+    args = parser.parse_args(argv)
+    sizes = []
+    s = args.min
+    while s <= args.max:
+        sizes.append(s)
+        s *= 4
+    if args.inner == "latency":
+        recs = run_latency(sizes, args.reps)
+        if recs is not None:
+            Path(args.out).write_text(json.dumps(recs))
+        return 0
+    if args.inner == "capacity":
+        rec = run_capacity(args.seconds, args.nap_ms)
+        if rec is not None:
+            Path(args.out).write_text(json.dumps([rec]))
+        return 0
+    return drive(args, sizes)
+
+
+def drive(args, sizes) -> int:
+    import tempfile
+
+    from hybridagg import runner
+
+    records: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [
+            (
+                1 + int(k),
+                [
+                    "--inner",
+                    "latency",
+                    "--reps",
+                    str(args.reps),
+                    "--min",
+                    str(args.min),
+                    "--max",
+                    str(args.max),
+                ],
+            )
+            for k in args.servers.split(",")
+        ] + [
+            (
+                int(n) + 1,
+                [
+                    "--inner",
+                    "capacity",
+                    "--seconds",
+                    str(args.seconds),
+                    "--nap-ms",
+                    str(args.nap_ms),
+                ],
+            )
+            for n in args.leaders.split(",")
+        ]
+        for i, (nranks, extra) in enumerate(jobs):
+            out = Path(tmp) / f"job{i}.json"
+            cmd = [sys.executable, str(HERE), *extra, "--out", str(out)]
+            result = runner.run_job(
+                runner.mpiexec_argv(nranks, cmd), timeout=1800, env=runner.mpiexec_env()
+            )
+            if result.returncode != 0 or not out.exists():
+                print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"benchmark job {extra[1]} at {nranks} ranks failed")
+            records += json.loads(out.read_text())
+    print_tables(records)
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+        print(f"# wrote {len(records)} records to {args.json}")
+    return 0
+
+
+def print_tables(records: list[dict]) -> None:
+    lat = [r for r in records if "bytes" in r]
+    print(
+        f"# push+pull, one leader; update cost reported separately\n"
+        f"# {'impl':<14}{'servers':>8}{'size':>10}{'avg_us':>12}{'min_us':>12}{'max_us':>12}"
+        f"{'algbw_GB/s':>12}{'update_us':>11}{'ps/raw':>8}"
+    )
+    by = {(r["impl"], r["servers"], r["bytes"]): r for r in lat}
+    for r in lat:
+        raw = by.get(("mpi4py-p2p", r["servers"], r["bytes"]))
+        ratio = r["algbw_GBps"] / raw["algbw_GBps"] if raw else float("nan")
+        print(
+            f"  {r['impl']:<14}{r['servers']:>8}{human(r['bytes']):>10}{r['avg_us']:12.1f}"
+            f"{r['min_us']:12.1f}{r['max_us']:12.1f}{r['algbw_GBps']:12.3f}"
+            f"{r['update_us']:11.1f}{ratio:8.2f}"
+        )
+    cap = [r for r in records if "leaders" in r]
+    if cap:
+        print("# server capacity: leaders sleeping between pushes of a 1 MiB model")
+        print(f"# {'leaders':>8}{'servers':>8}{'updates/s':>12}")
+        for r in cap:
+            print(f"  {r['leaders']:>8}{r['servers']:>8}{r['updates_per_sec']:12.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
