@@ -351,8 +351,8 @@ class GradientReducer:
 
     def _copy_in(self, i: int, grad: torch.Tensor | None) -> None:
         view = self._views[i]
-        if grad is None:
-            view.zero_()
+        if grad is None or self.samples == 0:
+            view.zero_()  # a rank without samples adds nothing (not even NaN)
             return
         if grad.data_ptr() != view.data_ptr():  # not accumulated in the bucket
             view.copy_(grad)

@@ -284,3 +284,12 @@ def test_horovod_style_primitives(mpi_ranks):
     assert torch.all(b == mpi_ranks - 1)
     with pytest.raises(ValueError, match="op must be one of"):
         hybridagg.allreduce(t, topo, op="prod")
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=180)
+@pytest.mark.parametrize("layout", ["flat", "hierarchical"])
+def test_horovod_backend(mpi_ranks, layout):
+    """Runs where Horovod is built (`make horovod`); skipped elsewhere."""
+    pytest.importorskip("horovod.torch")
+    groups = "world" if layout == "flat" else HIERARCHICAL[mpi_ranks]
+    run_against_reference(groups, "adam", backend="horovod", steps=3)
