@@ -1,0 +1,234 @@
+"""The reader's side of :class:`HDF5Loader`: batch cutting, prefetch thread, stats.
+
+:func:`generate` is the reader's loop for one epoch: read a window of blocks,
+permute it, cut batches of the worker's size. :class:`Prefetcher` runs it in a
+daemon thread behind a bounded queue. Neither holds a reference to the
+loader, so a dropped loader is collected and its finaliser stops the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .reader import SplitReader
+from .shares import EpochPlan
+
+__all__ = [
+    "STOP",
+    "Job",
+    "LoaderStats",
+    "Prefetcher",
+    "close_prefetcher",
+    "counter_pieces",
+    "generate",
+]
+
+STOP = object()
+
+
+@dataclass
+class LoaderStats:
+    """Where a worker's time went on data (cumulative over epochs).
+
+    Attributes:
+        wait_seconds: Total time ``next()`` waited for a batch (the stall).
+        last_wait: Wait of the most recent ``next()``.
+        max_wait: Longest single wait.
+        batches: Batches returned.
+        samples: Samples returned.
+        bytes_read: Bytes read from the files.
+        read_seconds: Time the reader spent in HDF5 reads.
+        windows: Windows (dynamic chunks) read.
+    """
+
+    wait_seconds: float = 0.0
+    last_wait: float = 0.0
+    max_wait: float = 0.0
+    batches: int = 0
+    samples: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    windows: int = 0
+
+    def stall_fraction(self, elapsed: float) -> float:
+        """Share of ``elapsed`` seconds spent waiting for data."""
+        return self.wait_seconds / elapsed if elapsed > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The fields as a dict (for metrics records)."""
+        return asdict(self)
+
+
+class Prefetcher:
+    """Runs a batch generator in a daemon thread behind a bounded queue.
+
+    It holds no reference to the loader, so a loader that is dropped is
+    collected and its finaliser stops the thread.
+    """
+
+    def __init__(self, gen: Iterator, depth: int, timeout: float, name: str) -> None:
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.timeout = timeout
+        self.thread = threading.Thread(
+            target=self._run, args=(gen,), name=name, daemon=True
+        )
+        self.thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, gen: Iterator) -> None:
+        try:
+            for item in gen:
+                if not self._put(item):
+                    break
+            else:
+                self._put(STOP)
+        except BaseException as exc:  # handed to the consumer, re-raised there
+            self._put(exc)
+        finally:
+            # lets a collective generator finish its remaining calls empty
+            gen.close()
+
+    def get(self) -> Any:
+        try:
+            return self.q.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError(
+                f"data loader: no batch from the reader thread within "
+                f"{self.timeout:g} s (raise HYBRIDAGG_TIMEOUT if reads are this slow)"
+            ) from None
+
+    def close(self, join_timeout: float = 60.0) -> None:
+        self.stop.set()
+        while True:
+            try:
+                self.q.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread is not threading.current_thread():
+            self.thread.join(join_timeout)
+
+
+def close_prefetcher(state: dict) -> None:
+    """Stop the prefetcher kept in a loader's state dict, if any."""
+    pf = state.pop("prefetcher", None)
+    if pf is not None:
+        pf.close()
+
+
+@dataclass
+class Job:
+    """What the reader needs for one epoch; deliberately no loader reference."""
+
+    plan: EpochPlan
+    reader: SplitReader
+    stats: LoaderStats
+    labels: list[np.ndarray]
+    pieces: Any
+    steps: int | None
+    collective_calls: int
+    batch: list[int]
+    capacity: int
+    sample_shape: tuple[int, ...]
+    dtype: np.dtype
+    pinned: bool
+    norm: tuple[np.ndarray, np.ndarray] | None
+
+
+def counter_pieces(plan: EpochPlan, counter: Any) -> Iterator[tuple[int, int, int]]:
+    while True:
+        g = counter.fetch_add()
+        if g >= plan.n_windows:
+            return
+        yield g, 0, plan.window_size(g)
+
+
+def generate(job: Job) -> Iterator[Any]:
+    """Read windows, shuffle within them, and cut batches (the reader's loop)."""
+    plan, reader, stats = job.plan, job.reader, job.stats
+    calls, b = 0, job.batch[0]
+    xbuf = np.empty((job.capacity, *job.sample_shape), dtype=job.dtype)
+    x, y, fill, done, current = _new_batch(job, b), np.empty(b, np.int64), 0, 0, -1
+    perm = ybuf = None
+    try:
+        for g, lo, hi in job.pieces:
+            if g != current:
+                blocks = plan.window_blocks(g)
+                t0 = time.perf_counter()
+                stats.bytes_read += reader.read_window(blocks, xbuf)
+                stats.read_seconds += time.perf_counter() - t0
+                stats.windows += 1
+                calls += 1
+                perm = plan.window_perm(g)
+                ybuf = np.concatenate([job.labels[f][s:c] for f, s, c in blocks])
+                current = g
+            idx = perm[lo:hi]
+            while len(idx):
+                k = min(b - fill, len(idx))
+                np.take(xbuf, idx[:k], axis=0, out=x[fill : fill + k])
+                y[fill : fill + k] = ybuf[idx[:k]]
+                fill, idx = fill + k, idx[k:]
+                if fill == b:
+                    yield _finish(job, x, y, fill)
+                    done += 1
+                    b = job.batch[0]
+                    x, y, fill = _new_batch(job, b), np.empty(b, np.int64), 0
+        # static shares: every worker takes the same number of steps, so a
+        # worker whose share ran out early returns a short or empty batch
+        if fill or (job.steps is not None and done < job.steps):
+            yield _finish(job, x, y, fill)
+            done += 1
+        while job.steps is not None and done < job.steps:
+            yield _finish(job, x, y, 0)
+            done += 1
+    finally:
+        # collective reads: every worker makes the same number of calls, also
+        # when stopped early; the missing ones join with an empty selection
+        while calls < job.collective_calls:
+            reader.read_window(None, xbuf)
+            calls += 1
+
+
+def _new_batch(job: Job, b: int) -> np.ndarray:
+    shape = (b, *job.sample_shape)
+    if job.pinned:
+        return torch.empty(
+            shape, dtype=_torch_dtype(job.dtype), pin_memory=True
+        ).numpy()
+    return np.empty(shape, dtype=job.dtype)
+
+
+def _finish(
+    job: Job, x: np.ndarray, y: np.ndarray, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xt, yt = torch.from_numpy(x[:n]), torch.from_numpy(y[:n].copy())
+    if job.norm is not None:
+        mean, std = job.norm
+        if mean.size > 1:
+            view = (1, -1) + (1,) * (len(job.sample_shape) - 1)
+            xt = (
+                xt.to(torch.float32) - torch.from_numpy(mean).reshape(view)
+            ) / torch.from_numpy(std).reshape(view)
+        else:
+            xt = (xt.to(torch.float32) - float(mean[0])) / float(std[0])
+    return xt, yt
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
