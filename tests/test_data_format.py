@@ -50,10 +50,13 @@ def test_digits_round_trip_with_attributes_and_chunking(tmp_path):
         np.testing.assert_allclose(f.attrs["norm_mean"], [xt.mean()], rtol=1e-4)
     # every original (sample, label) pair is in exactly one split
     rows = Counter(
-        (tuple(r), int(t)) for r, t in zip(digits.data.astype(np.float32), digits.target)
+        (tuple(r), int(t))
+        for r, t in zip(digits.data.astype(np.float32), digits.target, strict=True)
     )
-    written = Counter((tuple(r), int(t)) for r, t in zip(np.concatenate([xt, xv]),
-                                                         np.concatenate([yt, yv])))
+    written = Counter(
+        (tuple(r), int(t))
+        for r, t in zip(np.concatenate([xt, xv]), np.concatenate([yt, yv]), strict=True)
+    )
     assert rows == written
 
 
@@ -72,24 +75,36 @@ def test_npy_and_npz_sources(tmp_path):
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
     np.savez(tmp_path / "d.npz", images=x, targets=y)
-    a = convert_npy(tmp_path / "x.npy", tmp_path / "y.npy", tmp_path / "a.h5",
-                    val_fraction=0.0)
-    b = convert_npz(tmp_path / "d.npz", tmp_path / "b.h5", x_key="images",
-                    y_key="targets", val_fraction=0.0)
+    a = convert_npy(
+        tmp_path / "x.npy", tmp_path / "y.npy", tmp_path / "a.h5", val_fraction=0.0
+    )
+    b = convert_npz(
+        tmp_path / "d.npz",
+        tmp_path / "b.h5",
+        x_key="images",
+        y_key="targets",
+        val_fraction=0.0,
+    )
     for out in (a, b):
         with h5py.File(out) as f:
             np.testing.assert_array_equal(f["train/samples"][:], x)
             np.testing.assert_array_equal(f["train/labels"][:], y)
     with pytest.raises(ValueError, match=r"d\.npz has no array 'x'"):
         convert_npz(tmp_path / "d.npz", tmp_path / "c.h5")
-    with pytest.raises(FileNotFoundError, match="nope.npy"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.npy"):
         convert_npy(tmp_path / "nope.npy", tmp_path / "y.npy", tmp_path / "c.h5")
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
 def test_synthetic_is_image_shaped_and_learnable(tmp_path, dtype):
-    out = convert_synthetic(tmp_path / "s.h5", samples=600, shape=(3, 8, 8),
-                            dtype=dtype, num_classes=4, val_fraction=0.2)
+    out = convert_synthetic(
+        tmp_path / "s.h5",
+        samples=600,
+        shape=(3, 8, 8),
+        dtype=dtype,
+        num_classes=4,
+        val_fraction=0.2,
+    )
     with h5py.File(out) as f:
         x, y = f["train/samples"][:].astype(np.float32), f["train/labels"][:]
         assert f["train/samples"].dtype == np.dtype(dtype)
@@ -107,11 +122,13 @@ def test_converter_refuses_bad_arrays(tmp_path):
     with pytest.raises(ValueError, match="3 samples but 2 labels"):
         convert_arrays(np.zeros((3, 2)), np.array([0, 1]), tmp_path / "o.h5")
     with pytest.raises(ValueError, match="outside the 2 classes"):
-        convert_arrays(np.zeros((3, 2)), np.array([0, 1, 2]), tmp_path / "o.h5",
-                       num_classes=2)
+        convert_arrays(
+            np.zeros((3, 2)), np.array([0, 1, 2]), tmp_path / "o.h5", num_classes=2
+        )
     with pytest.raises(ValueError, match="validation split empty"):
-        convert_arrays(np.zeros((3, 2)), np.array([0, 1, 1]), tmp_path / "o.h5",
-                       val_fraction=0.1)
+        convert_arrays(
+            np.zeros((3, 2)), np.array([0, 1, 1]), tmp_path / "o.h5", val_fraction=0.1
+        )
     with pytest.raises(ValueError, match="is a directory"):
         convert_digits(tmp_path)
     assert not list(tmp_path.glob("*.partial"))
@@ -119,9 +136,28 @@ def test_converter_refuses_bad_arrays(tmp_path):
 
 def test_cli_convert(tmp_path, capsys):
     out = tmp_path / "syn.h5"
-    rc = cli.main(["convert", "--from", "synthetic", "--samples", "100", "--shape",
-                   "1,4,4", "--dtype", "float32", "--classes", "3", "--out", str(out),
-                   "--val-fraction", "0.1", "--seed", "5", "--quiet"])
+    rc = cli.main(
+        [
+            "convert",
+            "--from",
+            "synthetic",
+            "--samples",
+            "100",
+            "--shape",
+            "1,4,4",
+            "--dtype",
+            "float32",
+            "--classes",
+            "3",
+            "--out",
+            str(out),
+            "--val-fraction",
+            "0.1",
+            "--seed",
+            "5",
+            "--quiet",
+        ]
+    )
     assert rc == 0 and "wrote" in capsys.readouterr().out
     with h5py.File(out) as f:
         assert f["train/samples"].shape == (90, 1, 4, 4) and f.attrs["num_classes"] == 3
@@ -158,14 +194,20 @@ def test_pieces_split_intervals_at_window_borders():
 
 @pytest.mark.parametrize(
     "total,sizes",
-    [(1000, [32]), (1000, [3, 5, 7]), (10, [4, 4, 4]), (997, [1, 64, 2, 9, 30]),
-     (5, [1, 1, 1, 1, 1]), (7, [2, 2, 2, 2, 2])],
+    [
+        (1000, [32]),
+        (1000, [3, 5, 7]),
+        (10, [4, 4, 4]),
+        (997, [1, 64, 2, 9, 30]),
+        (5, [1, 1, 1, 1, 1]),
+        (7, [2, 2, 2, 2, 2]),
+    ],
 )
 def test_static_split_covers_everything_once_with_equal_steps(total, sizes):
     shares, steps = split_static([(0, total)], sizes)
     covered = sorted(i for s in shares for a, b in s for i in range(a, b))
     assert covered == list(range(total))
-    for share, b in zip(shares, sizes):
+    for share, b in zip(shares, sizes, strict=True):
         n = intervals_length(share)
         assert -(-n // b) <= steps  # no worker needs more steps than the others
         assert n >= (steps - 1) * b  # every full step is full
@@ -182,8 +224,8 @@ def test_static_split_is_proportional_and_drop_last_drops_the_tail():
 def test_resplit_mid_epoch_keeps_exactly_once():
     shares, _ = split_static([(0, 1000)], [8, 16, 24])
     consumed = [3 * 8, 3 * 16, 3 * 24]
-    read = [i for s, k in zip(shares, consumed) for a, b in s for i in range(a, b)][:0]
-    for s, k in zip(shares, consumed):
+    read = []
+    for s, k in zip(shares, consumed, strict=True):
         flat = [i for a, b in s for i in range(a, b)]
         read += flat[:k]
     new, steps = resplit_static(shares, consumed, [40, 4, 20])
@@ -206,7 +248,9 @@ def test_local_counter():
 def test_single_process_loader_static_and_dynamic(tmp_path):
     path = indexed_file(tmp_path / "i.h5", n=500)
     for shares in ("static", "dynamic"):
-        with HDF5Loader(path, batch_size=32, shares=shares, window_blocks=3, seed=1) as ld:
+        with HDF5Loader(
+            path, batch_size=32, shares=shares, window_blocks=3, seed=1
+        ) as ld:
             ids = torch.cat([x[:, 0] for x, _ in ld]).long()
             assert sorted(ids.tolist()) == list(range(500))
             assert ld.epoch == 1 and ld.stats.samples == 500
@@ -229,8 +273,14 @@ def test_labels_travel_with_their_samples(tmp_path):
 
 
 def test_normalize_uses_recorded_statistics(tmp_path):
-    path = convert_synthetic(tmp_path / "s.h5", samples=400, shape=(3, 4, 4),
-                             dtype="uint8", val_fraction=0.0, block_samples=20)
+    path = convert_synthetic(
+        tmp_path / "s.h5",
+        samples=400,
+        shape=(3, 4, 4),
+        dtype="uint8",
+        val_fraction=0.0,
+        block_samples=20,
+    )
     with HDF5Loader(path, batch_size=400, normalize=True) as ld:
         x, _ = next(iter(ld))
     assert x.dtype == torch.float32

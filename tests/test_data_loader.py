@@ -26,8 +26,9 @@ def shared_file(comm, tmp, n=900, block=16, classes=7):
     if comm.rank == 0 and not path.exists():
         x = np.repeat(np.arange(n, dtype=np.float32)[:, None], 4, axis=1)
         y = np.arange(n, dtype=np.int64) % classes
-        convert_arrays(x, y, path, num_classes=classes, val_fraction=0.0,
-                       block_samples=block)
+        convert_arrays(
+            x, y, path, num_classes=classes, val_fraction=0.0, block_samples=block
+        )
     comm.barrier(what="test file written")
     return path
 
@@ -71,7 +72,7 @@ def test_static_shares_cover_every_sample_once_with_uneven_batches(mpi_tmp_path)
         # epoch 1: another order, again every sample once
         ids1, _ = run_epoch(ld)
         assert sorted(i for v in comm.allgather_obj(ids1) for i in v) == everything
-        assert ids1 != ids or comm.size > 1 and len(ids) < 4
+        assert ids1 != ids or (comm.size > 1 and len(ids) < 4)
     # the same (seed, epoch) gives the same order on every rank
     with HDF5Loader(path, batch_size=batch, comm=comm, seed=11, window_blocks=3) as ld:
         assert run_epoch(ld)[0] == ids
@@ -94,8 +95,15 @@ def test_dynamic_shares_cover_every_sample_once_and_a_fast_rank_takes_more(
     comm = Comm(name="test")
     path = shared_file(comm, mpi_tmp_path, n=1200)
     slow = comm.size - 1
-    with HDF5Loader(path, batch_size=16, comm=comm, shares="dynamic", seed=3,
-                    window_blocks=2, prefetch=1) as ld:
+    with HDF5Loader(
+        path,
+        batch_size=16,
+        comm=comm,
+        shares="dynamic",
+        seed=3,
+        window_blocks=2,
+        prefetch=1,
+    ) as ld:
         check_driver(ld)
         with pytest.raises(TypeError, match="no fixed number"):
             len(ld)
@@ -232,15 +240,17 @@ def test_mpio_collective_reads_with_ranks_that_run_out(mpi_tmp_path):
     # very uneven batches: rank 0 covers many windows, the others few, so the
     # others join the remaining collective reads with empty selections
     batch = 40 if comm.rank == 0 else 1
-    with HDF5Loader(path, batch_size=batch, comm=comm, driver="mpio",
-                    window_blocks=1) as ld:
+    with HDF5Loader(
+        path, batch_size=batch, comm=comm, driver="mpio", window_blocks=1
+    ) as ld:
         assert ld.driver == "mpio" and ld.collective
         ids, steps = run_epoch(ld)
         views = comm.allgather_obj((ids, steps))
         assert sorted(i for v, _ in views for i in v) == list(range(700))
         assert len({s for _, s in views}) == 1
-    with HDF5Loader(path, batch_size=8, comm=comm, driver="mpio", shares="dynamic",
-                    window_blocks=2) as ld:
+    with HDF5Loader(
+        path, batch_size=8, comm=comm, driver="mpio", shares="dynamic", window_blocks=2
+    ) as ld:
         assert ld.driver == "mpio" and not ld.collective
         ids, _ = run_epoch(ld)
         assert sorted(i for v in comm.allgather_obj(ids) for i in v) == list(range(700))
