@@ -535,7 +535,7 @@ class HDF5Loader:
         self._active = False
 
     def _start_reader(self) -> None:
-        gen = generate(self._job())
+        gen = generate(self._job(), read_ahead=self.threaded)
         if self.threaded:
             pf = Prefetcher(
                 gen, self.prefetch, self.timeout, name=f"hybridagg-data-{self.rank}"

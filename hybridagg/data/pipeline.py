@@ -8,6 +8,7 @@ loader, so a dropped loader is collected and its finaliser stops the thread.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -159,30 +160,126 @@ def counter_pieces(plan: EpochPlan, counter: Any) -> Iterator[tuple[int, int, in
         yield g, 0, plan.window_size(g)
 
 
-def generate(job: Job) -> Iterator[Any]:
-    """Read windows, shuffle within them, and cut batches (the reader's loop)."""
+def _read_windows(job: Job, pool: queue.Queue | None) -> Iterator[tuple]:
+    """Read the windows the pieces touch; yield ``(xbuf, xt, ybuf, perm, lo, hi)``.
+
+    With a buffer ``pool`` each window is read into a free buffer taken from
+    it (the consumer gives buffers back), so windows can be read ahead;
+    without one a single buffer is reused.
+    """
     plan, reader, stats = job.plan, job.reader, job.stats
-    calls, b = 0, job.batch[0]
-    xbuf = np.empty((job.capacity, *job.sample_shape), dtype=job.dtype)
-    x, y, fill, done, current = _new_batch(job, b), np.empty(b, np.int64), 0, 0, -1
-    perm = ybuf = None
+    calls, current, xbuf = 0, -1, None
+    single = None if pool is not None else _window_buffer(job)
     try:
         for g, lo, hi in job.pieces:
             if g != current:
+                xbuf = pool.get() if pool is not None else single
                 blocks = plan.window_blocks(g)
                 t0 = time.perf_counter()
                 stats.bytes_read += reader.read_window(blocks, xbuf)
                 stats.read_seconds += time.perf_counter() - t0
                 stats.windows += 1
                 calls += 1
-                perm = plan.window_perm(g)
                 ybuf = np.concatenate([job.labels[f][s:c] for f, s, c in blocks])
+                perm = torch.from_numpy(plan.window_perm(g))
                 current = g
+            yield xbuf, ybuf, perm, lo, hi
+    finally:
+        # collective reads: every worker makes the same number of calls, also
+        # when stopped early; the missing ones join with an empty selection
+        spare = single if single is not None else _window_buffer(job, rows=1)
+        while calls < job.collective_calls:
+            reader.read_window(None, spare)
+            calls += 1
+
+
+def _window_buffer(job: Job, rows: int | None = None) -> np.ndarray:
+    return np.empty((rows or job.capacity, *job.sample_shape), dtype=job.dtype)
+
+
+def _read_ahead(job: Job, depth: int = 2) -> Iterator[tuple]:
+    """:func:`_read_windows` in a thread of its own, ``depth`` windows ahead.
+
+    h5py releases the GIL while HDF5 reads, and the batch gather below is a
+    torch op that releases it too, so on two cores the read of the next
+    window overlaps the cutting of batches from this one.
+    """
+    pool: queue.Queue = queue.Queue()
+    for _ in range(depth + 1):
+        pool.put(_window_buffer(job))
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        gen = _read_windows(job, pool)
+        try:
+            for item in gen:
+                if not put(item):
+                    break
+            else:
+                put(STOP)
+        except BaseException as exc:  # handed to the consumer
+            put(exc)
+        finally:
+            gen.close()
+
+    thread = threading.Thread(target=run, name="hybridagg-data-read", daemon=True)
+    thread.start()
+    held = None
+    try:
+        while True:
+            item = out.get()
+            if item is STOP:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if held is not None and item[0] is not held:
+                pool.put(held)  # the previous window is fully cut: reuse it
+            held = item[0]
+            yield item
+    finally:
+        stop.set()
+        # a reader waiting for a free buffer must see one to notice the stop
+        pool.put(_window_buffer(job, rows=1))
+        while thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                out.get(timeout=0.05)
+        thread.join()
+
+
+def generate(job: Job, *, read_ahead: bool = False) -> Iterator[Any]:
+    """Read windows, shuffle within them, and cut batches (the reader's loop).
+
+    Args:
+        job: The epoch's work.
+        read_ahead: Read windows in a second thread (see :func:`_read_ahead`);
+            only when MPI may be called from any thread.
+    """
+    b = job.batch[0]
+    x, y, fill, done = _new_batch(job, b), np.empty(b, np.int64), 0, 0
+    windows = _read_ahead(job) if read_ahead else _read_windows(job, None)
+    xt_cache: tuple[Any, torch.Tensor] | None = None
+    try:
+        for xbuf, ybuf, perm, lo, hi in windows:
+            if xt_cache is None or xt_cache[0] is not xbuf:
+                xt_cache = (xbuf, torch.from_numpy(xbuf))
+            xt = xt_cache[1]
             idx = perm[lo:hi]
             while len(idx):
                 k = min(b - fill, len(idx))
-                np.take(xbuf, idx[:k], axis=0, out=x[fill : fill + k])
-                y[fill : fill + k] = ybuf[idx[:k]]
+                torch.index_select(
+                    xt, 0, idx[:k], out=torch.from_numpy(x[fill : fill + k])
+                )
+                y[fill : fill + k] = ybuf[idx[:k].numpy()]
                 fill, idx = fill + k, idx[k:]
                 if fill == b:
                     yield _finish(job, x, y, fill)
@@ -198,11 +295,7 @@ def generate(job: Job) -> Iterator[Any]:
             yield _finish(job, x, y, 0)
             done += 1
     finally:
-        # collective reads: every worker makes the same number of calls, also
-        # when stopped early; the missing ones join with an empty selection
-        while calls < job.collective_calls:
-            reader.read_window(None, xbuf)
-            calls += 1
+        windows.close()
 
 
 def _new_batch(job: Job, b: int) -> np.ndarray:
