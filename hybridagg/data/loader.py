@@ -196,6 +196,7 @@ class HDF5Loader:
         self.size = self.comm.size if self.comm else 1
         self.reader: SplitReader | None = None
         self._counter = None
+        self._file_comm = None
         err: BaseException | None = None
         try:
             self._configure(
@@ -223,12 +224,20 @@ class HDF5Loader:
         except (ValueError, TypeError, OSError) as exc:
             err = exc
         if self.comm:
-            self.comm.check(err, what="data set validation")
+            try:
+                self.comm.check(err, what="data set validation")
+            except BaseException:
+                self.comm.free()
+                raise
         elif err is not None:
             raise err
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self._agree(batch_sizes)
-        self._open(driver, collective, locking)
+        try:
+            self._agree(batch_sizes)
+            self._open(driver, collective, locking)
+        except BaseException:
+            self.close()
+            raise
         self._consumed = 0
         self._active = False
 

@@ -174,6 +174,8 @@ def _read_windows(job: Job, pool: queue.Queue | None) -> Iterator[tuple]:
         for g, lo, hi in job.pieces:
             if g != current:
                 xbuf = pool.get() if pool is not None else single
+                if xbuf is None:  # the consumer stopped
+                    return
                 blocks = plan.window_blocks(g)
                 t0 = time.perf_counter()
                 stats.bytes_read += reader.read_window(blocks, xbuf)
@@ -248,8 +250,8 @@ def _read_ahead(job: Job, depth: int = 2) -> Iterator[tuple]:
             yield item
     finally:
         stop.set()
-        # a reader waiting for a free buffer must see one to notice the stop
-        pool.put(_window_buffer(job, rows=1))
+        # a reader waiting for a free buffer gets None and stops
+        pool.put(None)
         while thread.is_alive():
             with contextlib.suppress(queue.Empty):
                 out.get(timeout=0.05)

@@ -144,7 +144,9 @@ class SplitReader:
             mspace = h5s.create_simple((max(n, 1), *tail))
             if n == 0:
                 mspace.select_none()
-            target = out[row : row + max(n, 1)] if n else out[:1]
+            if row + n > len(out):
+                raise ValueError(f"window of {row + n} rows does not fit {len(out)}")
+            target = out[row : row + n] if n else out[:1]
             self.file_comm.barrier(what=f"collective read of {self.infos[f].path}")
             try:
                 dset.id.read(mspace, fspace, target, dxpl=self._dxpl)
