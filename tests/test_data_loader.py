@@ -241,7 +241,12 @@ def test_mpio_collective_reads_with_ranks_that_run_out(mpi_tmp_path):
     # others join the remaining collective reads with empty selections
     batch = 40 if comm.rank == 0 else 1
     with HDF5Loader(
-        path, batch_size=batch, comm=comm, driver="mpio", window_blocks=1
+        path,
+        batch_size=batch,
+        comm=comm,
+        driver="mpio",
+        collective=True,
+        window_blocks=1,
     ) as ld:
         assert ld.driver == "mpio" and ld.collective
         ids, steps = run_epoch(ld)

@@ -151,7 +151,10 @@ class HDF5Loader:
             every sample.
         driver: ``"auto"`` (``mpio`` when h5py has MPI and there is a
             communicator), ``"mpio"`` or ``"posix"``.
-        collective: With ``mpio`` and static shares, read collectively.
+        collective: With ``mpio`` and static shares, read collectively. Off by
+            default: with HDF5 1.10.8 and Open MPI 4.1.4 a collective read of
+            these chunked selections was ~200x slower than independent
+            reads (bench/RESULTS.md).
         locking: h5py's ``locking=`` (default: ``HDF5_USE_FILE_LOCKING``,
             else ``"best-effort"``).
         samples_key: Name of the samples dataset in a split group.
@@ -182,7 +185,7 @@ class HDF5Loader:
         normalize: bool = False,
         drop_last: bool = False,
         driver: str = "auto",
-        collective: bool = True,
+        collective: bool = False,
         locking: bool | str | None = None,
         samples_key: str = "samples",
         labels_key: str = "labels",
