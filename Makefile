@@ -66,3 +66,31 @@ $(HOROVOD_STAMP): $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+
+# --- second CI stage: parallel HDF5 (h5py built against MPI) ----------------
+# A PyPI h5py wheel has no MPI. This stage installs Debian's Open MPI and
+# parallel HDF5, builds mpi4py and h5py against them in .venv-mpio, and runs
+# the data loader's tests on the mpio path. Idempotent through the stamp file.
+MPIO_VENV ?= .venv-mpio
+MPIO_PY := $(MPIO_VENV)/bin/python
+MPIO_STAMP := $(MPIO_VENV)/.installed-mpio
+MPIO_HDF5_DIR ?= /usr/lib/x86_64-linux-gnu/hdf5/openmpi
+MPIO_APT := openmpi-bin libopenmpi-dev libhdf5-openmpi-dev
+MPIO_TESTS ?= tests/test_data_loader.py tests/test_data_errors.py
+
+.PHONY: test-mpio install-mpio
+
+install-mpio: $(MPIO_STAMP)
+
+$(MPIO_STAMP): setup.py pyproject.toml
+	dpkg -s $(MPIO_APT) >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(MPIO_APT); }
+	test -x $(MPIO_PY) || $(PYTHON) -m venv $(MPIO_VENV)
+	$(MPIO_PY) -m pip install --quiet --disable-pip-version-check '$(TORCH_SPEC)' numpy cython pkgconfig packaging setuptools wheel
+	MPICC=/usr/bin/mpicc $(MPIO_PY) -m pip install --quiet --disable-pip-version-check --no-binary=mpi4py --no-build-isolation mpi4py
+	CC=/usr/bin/mpicc HDF5_MPI=ON HDF5_DIR=$(MPIO_HDF5_DIR) $(MPIO_PY) -m pip install --quiet --disable-pip-version-check --no-binary=h5py --no-build-isolation h5py
+	$(MPIO_PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(MPIO_PY) -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else "h5py was built without MPI")'
+	touch $@
+
+test-mpio: $(MPIO_STAMP)
+	HYBRIDAGG_MPIEXEC=/usr/bin/mpiexec HYBRIDAGG_EXPECT_MPIO=1 $(MPIO_PY) -m pytest $(MPIO_TESTS) $(PYTEST_ARGS)

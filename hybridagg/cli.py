@@ -6,6 +6,8 @@ Subcommands:
     ``hybridagg run -n N -- CMD ...``  start CMD as an N-rank MPI job with the
         right launcher flags for this machine (oversubscription, root), killed
         after ``--timeout`` seconds.
+    ``hybridagg convert --from digits|npz|npy|synthetic ... --out FILE.h5``
+        write a data set in hybridagg's HDF5 format (train/val splits).
 """
 
 from __future__ import annotations
@@ -101,10 +103,102 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-oversubscribe", action="store_true", help="refuse more ranks than cores"
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    _add_convert_parser(sub)
     return parser
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from . import data
+
+    kw = {
+        "val_fraction": args.val_fraction,
+        "seed": args.seed,
+        "block_samples": args.block_samples,
+        "progress": not args.quiet,
+    }
+    src = args.source
+    try:
+        if src == "digits":
+            if args.inputs:
+                raise ValueError("--from digits takes no input files")
+            out = data.convert_digits(args.out, image=args.image, **kw)
+        elif src == "npz":
+            if len(args.inputs) != 1:
+                raise ValueError("--from npz takes one file: --from npz DATA.npz")
+            out = data.convert_npz(
+                args.inputs[0],
+                args.out,
+                x_key=args.x_key,
+                y_key=args.y_key,
+                num_classes=args.classes,
+                **kw,
+            )
+        elif src == "npy":
+            if len(args.inputs) != 2:
+                raise ValueError("--from npy takes two files: --from npy X.npy Y.npy")
+            out = data.convert_npy(
+                args.inputs[0], args.inputs[1], args.out, num_classes=args.classes, **kw
+            )
+        else:
+            if args.inputs:
+                raise ValueError("--from synthetic takes no input files")
+            shape = tuple(int(s) for s in args.shape.split(","))
+            out = data.convert_synthetic(
+                args.out,
+                samples=args.samples,
+                shape=shape,
+                dtype=args.dtype,
+                num_classes=args.classes or 10,
+                **kw,
+            )
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg convert: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+def _add_convert_parser(sub) -> None:
+    conv = sub.add_parser("convert", help="write a data set in hybridagg's HDF5 format")
+    conv.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        choices=["digits", "npz", "npy", "synthetic"],
+        help="digits (scikit-learn's bundled set), npz FILE, npy X.npy Y.npy, "
+        "or synthetic image-shaped data",
+    )
+    conv.add_argument("inputs", nargs="*", help="input file(s) for npz/npy")
+    conv.add_argument("--out", required=True, help="output .h5 file")
+    conv.add_argument("--val-fraction", type=float, default=0.2)
+    conv.add_argument("--seed", type=int, default=0)
+    conv.add_argument(
+        "--block-samples",
+        type=int,
+        default=None,
+        help="samples per block/chunk (default: about 1 MiB)",
+    )
+    conv.add_argument(
+        "--classes",
+        type=int,
+        default=None,
+        help="number of classes (default: max label + 1; synthetic 10)",
+    )
+    conv.add_argument("--x-key", default="x", help="npz: samples array name")
+    conv.add_argument("--y-key", default="y", help="npz: labels array name")
+    conv.add_argument(
+        "--image",
+        action="store_true",
+        help="digits: store (1, 8, 8) images instead of 64-vectors",
+    )
+    conv.add_argument("--samples", type=int, default=10000, help="synthetic: count")
+    conv.add_argument("--shape", default="3,32,32", help="synthetic: sample shape")
+    conv.add_argument("--dtype", default="uint8", choices=["uint8", "float32"])
+    conv.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 _COMMANDS = {"env": _cmd_env, "info": _cmd_info, "run": _cmd_run}
+_COMMANDS["convert"] = _cmd_convert
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ Three rules live here so no other module has to remember them:
 
 from __future__ import annotations
 
+import builtins
 import pickle
 import sys
 import threading
@@ -233,19 +234,6 @@ def wait(
     return poll(lambda: MPI.Request.Testall(reqs), what=what, timeout=timeout)
 
 
-_REDUCIBLE_ERRORS = (
-    ValueError,
-    TypeError,
-    KeyError,
-    IndexError,
-    FileNotFoundError,
-    PermissionError,
-    OSError,
-    TimeoutError,
-    RuntimeError,
-)
-
-
 class Comm:
     """A communicator with cached rank/size and polled, timed operations.
 
@@ -445,8 +433,8 @@ class Comm:
         Every rank must call this (it is collective). The error of the lowest
         failing rank is re-raised everywhere with the same message, prefixed
         by that rank; its type is kept for the common built-in exceptions
-        (``ValueError``, ``TypeError``, ``FileNotFoundError``, ...) and is a
-        :class:`RemoteError` otherwise.
+        (``ValueError``, ``IsADirectoryError``, ...: the most derived built-in
+        class) and is a :class:`RemoteError` otherwise.
 
         Args:
             error: This rank's exception, or ``None`` if it succeeded.
@@ -462,12 +450,16 @@ class Comm:
                 continue
             tname, msg, builtin = report
             text = f"[rank {self._world_of(rank)}] {msg}"
-            cls = _BUILTINS.get(builtin, RemoteError)
+            cls = getattr(builtins, builtin) if builtin else RemoteError
+            try:
+                exc = cls(text)
+            except TypeError:  # a built-in that takes more than a message
+                cls = RemoteError
             if cls is RemoteError:
-                text = f"[rank {self._world_of(rank)}] {tname}: {msg}"
+                exc = RemoteError(f"[rank {self._world_of(rank)}] {tname}: {msg}")
             if error is not None and rank == self.rank:
-                raise cls(text) from error
-            raise cls(text)
+                raise exc from error
+            raise exc
 
     def _world_of(self, rank: int) -> int:
         if self.mpi == MPI.COMM_WORLD:
@@ -479,12 +471,15 @@ class Comm:
             return rank
 
 
-_BUILTINS = {cls.__name__: cls for cls in _REDUCIBLE_ERRORS}
-
-
 def _builtin_name(error: BaseException) -> str | None:
+    """Name of the most derived built-in exception class ``error`` is an instance of."""
     for cls in type(error).__mro__:
-        if cls in _REDUCIBLE_ERRORS:
+        if (
+            issubclass(cls, Exception)
+            and cls.__module__ == "builtins"
+            and getattr(builtins, cls.__name__, None) is cls
+            and cls is not Exception
+        ):
             return cls.__name__
     return None
 

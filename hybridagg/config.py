@@ -201,6 +201,13 @@ _DECLARED = [
         "HDF5 file locking (FALSE on NFS/Lustre where locks fail).",
         "hdf5",
     ),
+    EnvVar(
+        "HYBRIDAGG_EXPECT_MPIO",
+        None,
+        "Tests only: 1 makes the data loader's tests fail unless h5py has MPI "
+        "and the loader reads through driver='mpio' (set by make test-mpio).",
+        "tests",
+    ),
 ]
 
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in _DECLARED}

@@ -75,7 +75,12 @@ def _ranks_of(item: pytest.Item) -> int:
 def mpi_tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """A temporary folder that every rank of an ``mpi`` test sees as the same."""
     shared = config.get_str("HYBRIDAGG_TEST_SHARED_TMP")
-    return Path(shared) if IN_RANK and shared else tmp_path
+    if not (IN_RANK and shared):
+        return tmp_path
+    # one folder per test: the tests of a batch share the job's folder
+    path = Path(shared) / hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    path.mkdir(exist_ok=True)
+    return path
 
 
 # --------------------------------------------------------------- parent side
@@ -125,8 +130,10 @@ def _run_batch(first: pytest.Function) -> None:
         batch = [first]
     batch = batch[batch.index(first) :]
     root = str(first.config.rootpath)
-    shared = first.funcargs.get("mpi_tmp_path") or Path(tempfile.mkdtemp())
-    with tempfile.TemporaryDirectory(prefix="hybridagg-test-") as results:
+    with (
+        tempfile.TemporaryDirectory(prefix="hybridagg-test-") as results,
+        tempfile.TemporaryDirectory(prefix="hybridagg-shared-") as shared,
+    ):
         env = runner.mpiexec_env()
         env["HYBRIDAGG_TEST_RESULTS"] = results
         env["HYBRIDAGG_TEST_SHARED_TMP"] = str(shared)

@@ -93,6 +93,10 @@ def test_error_on_one_rank_is_the_same_error_everywhere():
         comm.check(err, what="spec validation")
     assert str(info.value) == f"[rank {bad}] groups spec '0-9' names rank 9"
 
+    err = IsADirectoryError("data.h5 is a directory") if comm.rank == bad else None
+    with pytest.raises(IsADirectoryError, match=r"\[rank \d\] data.h5 is a directory"):
+        comm.check(err)
+
     class Custom(Exception):
         pass
 
