@@ -536,13 +536,18 @@ def _torch_groups(topo: Topology, named) -> dict:
 
 
 def _horovod_sets(topo: Topology) -> dict:
-    """Initialise Horovod on the workers with one process set per group."""
+    """(Re)initialise Horovod over the workers with one process set per group."""
     try:
         import horovod.torch as hvd
     except ImportError as exc:
         raise ValueError(
             "allreduce_backend='horovod' needs Horovod (`make horovod` builds it)"
         ) from exc
-    sets = [hvd.ProcessSet(list(g)) for g in topo.groups]
+    # A set equal to all workers is Horovod's global set; registering it
+    # again makes Horovod's initialisation fail.
+    whole = len(topo.groups) == 1
+    sets = [] if whole else [hvd.ProcessSet(list(g)) for g in topo.groups]
+    if hvd.is_initialized():  # process sets are fixed at init: start over
+        hvd.shutdown()
     hvd.init(comm=topo.comms.workers.mpi, process_sets=sets)
-    return {"group": sets[topo.group]}
+    return {"group": hvd.global_process_set if whole else sets[topo.group]}
