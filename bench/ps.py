@@ -5,15 +5,18 @@ One command runs everything (it starts the MPI jobs itself)::
     python bench/ps.py --json ps.json
 
 Latency (``--servers K``, one leader): a leader pushes a gradient of B bytes
-(4 KiB ... 256 MiB) to the K servers and pulls the updated weights, through
-hybridagg's own client and server. The anchor, in the same job and
-interleaved, is raw ``mpi4py``: the leader sends the same bytes to the
-servers and receives the same bytes back (point to point, blocking, the
-fastest way MPI moves them), measured in the same job right after the PS at
-each size. The servers' optimizer update (SGD) is timed on the servers and
-reported separately (``update_us``); it is subtracted from the PS figure, so
-both figures are communication only. ``algbw`` counts both directions,
-``2 x bytes / time``, for both implementations.
+(4 KiB ... 256 MiB) to the K servers and pulls the weights back, through
+hybridagg's own client and server (parts of 4 MiB, pipelined). The anchor,
+in the same job right after the PS at each size, is raw ``mpi4py``: the
+leader sends the same bytes to the servers and receives the same bytes back
+(point to point, blocking, the fastest way MPI moves them). The
+``hybridagg-ps`` figure is the transport alone: the servers run with
+``skip_update`` (they return each part without applying the optimizer).
+The cost of the update is reported separately: ``update_us`` is the
+servers' median time in the optimizer (SGD with momentum) per push, and
+``hybridagg-ps+update`` is the full round trip with the update applied
+(the parts' updates overlap the transfer of the other parts). ``algbw``
+counts both directions, ``2 x bytes / time``.
 
 Capacity: 1-4 leaders, each sleeping 2 ms between pushes of a 1 MiB model,
 push to one server for a few seconds; the server's updates per second (a
@@ -48,14 +51,41 @@ def _leader_model(nbytes: int):
     return torch.nn.Parameter(torch.zeros(n))
 
 
-def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
+def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[float]:
     import torch
+
+    from hybridagg.ps.client import PSClient
+    from hybridagg.ps.compensation import Compensation
+
+    param = _leader_model(nbytes)
+    opt = torch.optim.SGD([param], lr=0.001, momentum=0.9)
+    client = PSClient(
+        topo.comms.leaders.dup("ps"),
+        1,
+        [param],
+        [],
+        opt,
+        Compensation(),
+        skip_update=skip_update,
+    )
+    client.flat_grad.fill_(1.0)
+    times = []
+    for rep in range(reps + 1):
+        start = time.perf_counter()
+        client.complete(client.push(client.flat_grad, 1.0, [0.001], client.versions))
+        if rep:
+            times.append(time.perf_counter() - start)
+    client.done()
+    client.receive_final()
+    client.ps.free()
+    return times
+
+
+def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
     from mpi4py import MPI
 
     import hybridagg
     from hybridagg.comm import Comm
-    from hybridagg.ps.client import PSClient
-    from hybridagg.ps.compensation import Compensation
 
     topo = hybridagg.init(groups="world", servers=MPI.COMM_WORLD.size - 1)
     raw = Comm(name="raw")  # the anchor's own communicator
@@ -63,33 +93,23 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
     out = []
     for nbytes in sizes:
         if topo.is_server:
-            stats = hybridagg.serve(topo)
+            hybridagg.serve(topo)  # transport only
+            stats = hybridagg.serve(topo)  # with the update
             lo, hi = raw.bcast_obj(None, 0)[raw.rank - 1]
             raw_buf = np.empty(hi - lo, dtype=np.float32)
             for _ in range(reps + 1):
                 raw.mpi.Recv(raw_buf, 0, 7)
                 raw.mpi.Send(raw_buf, 0, 8)
-            raw.allgather_obj(stats.apply_seconds / max(1, stats.version))
+            raw.allgather_obj(float(np.median(stats.apply_times[1:] or [0.0])))
             continue
-        param = _leader_model(nbytes)
-        opt = torch.optim.SGD([param], lr=0.0)
-        client = PSClient(
-            topo.comms.leaders.dup("ps"), 1, [param], [], opt, Compensation()
-        )
-        client.flat_grad.fill_(1.0)
-        ps_times = []
-        for rep in range(reps + 1):
-            start = time.perf_counter()
-            client.complete(client.push(client.flat_grad, 1.0, [0.0], client.versions))
-            if rep:
-                ps_times.append(time.perf_counter() - start)
-        client.done()
-        client.receive_final()
-        client.ps.free()
+        ps_times = _ps_round_trips(topo, nbytes, reps, skip_update=True)
+        full_times = _ps_round_trips(topo, nbytes, reps, skip_update=False)
         # raw anchor: the same bytes, sharded the same way, both directions
-        ranges = client.ranges
+        from hybridagg.ps.shards import shard_ranges
+
+        ranges = shard_ranges(max(1, nbytes // 4), K)
         raw.bcast_obj(ranges, 0)  # servers size their buffers from the shard
-        flat = np.ones(param.numel(), dtype=np.float32)
+        flat = np.ones(max(1, nbytes // 4), dtype=np.float32)
         raw_times = []
         for rep in range(reps + 1):
             start = time.perf_counter()
@@ -100,8 +120,12 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
             if rep:
                 raw_times.append(time.perf_counter() - start)
         update_s = max(raw.allgather_obj(0.0))
-        for impl, times in (("hybridagg-ps", ps_times), ("mpi4py-p2p", raw_times)):
-            t = np.array(times) - (update_s if impl == "hybridagg-ps" else 0.0)
+        for impl, times in (
+            ("hybridagg-ps", ps_times),
+            ("mpi4py-p2p", raw_times),
+            ("hybridagg-ps+update", full_times),
+        ):
+            t = np.array(times)
             med = float(np.median(t))
             out.append(
                 {
@@ -255,7 +279,7 @@ def print_tables(records: list[dict]) -> None:
     lat = [r for r in records if "bytes" in r]
     print(
         f"# push+pull, one leader; update cost reported separately\n"
-        f"# {'impl':<14}{'servers':>8}{'size':>10}{'avg_us':>12}{'min_us':>12}{'max_us':>12}"
+        f"# {'impl':<20}{'servers':>8}{'size':>10}{'avg_us':>12}{'min_us':>12}{'max_us':>12}"
         f"{'algbw_GB/s':>12}{'update_us':>11}{'ps/raw':>8}"
     )
     by = {(r["impl"], r["servers"], r["bytes"]): r for r in lat}
@@ -263,7 +287,7 @@ def print_tables(records: list[dict]) -> None:
         raw = by.get(("mpi4py-p2p", r["servers"], r["bytes"]))
         ratio = r["algbw_GBps"] / raw["algbw_GBps"] if raw else float("nan")
         print(
-            f"  {r['impl']:<14}{r['servers']:>8}{human(r['bytes']):>10}{r['avg_us']:12.1f}"
+            f"  {r['impl']:<20}{r['servers']:>8}{human(r['bytes']):>10}{r['avg_us']:12.1f}"
             f"{r['min_us']:12.1f}{r['max_us']:12.1f}{r['algbw_GBps']:12.3f}"
             f"{r['update_us']:11.1f}{ratio:8.2f}"
         )

@@ -64,6 +64,26 @@ _DECLARED = [
         "Longest sleep between two polls of a pending MPI request (back-off cap).",
     ),
     EnvVar(
+        "HYBRIDAGG_RING_MIN_BYTES",
+        "1048576",
+        "Sum all-reduces of CPU buffers at least this large use hybridagg's "
+        "pipelined ring of non-blocking point-to-point messages instead of "
+        "MPI_Iallreduce (0: always the ring; a huge value: never).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_RING_CHUNK_BYTES",
+        "4194304",
+        "Pipelining chunk of the ring all-reduce: each segment is cut into "
+        "chunks of about this size that advance independently.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_PS_PART_BYTES",
+        "4194304",
+        "Parameter-server messages are cut into parts of about this size; a "
+        "server updates and returns each part as soon as it arrives, so "
+        "transfer and update overlap. Must be the same on every rank.",
+    ),
+    EnvVar(
         "HYBRIDAGG_NUM_THREADS",
         None,
         "Compute threads per rank (torch.set_num_threads). Default: "

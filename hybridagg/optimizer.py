@@ -32,7 +32,12 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from .allreduce import DEFAULT_BUCKET_BYTES, GradientReducer, make_transport
+from .allreduce import (
+    DEFAULT_BUCKET_BYTES,
+    SHARE_SLOTS,
+    GradientReducer,
+    make_transport,
+)
 from .comm import Comm
 from .ps.compensation import Compensation
 from .ps.exchange import GroupExchange
@@ -343,6 +348,68 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         group["lr"] = lr
             self.updates += 1
         return loss
+
+    # --- side channels -----------------------------------------------------------
+    def share(self, values) -> None:
+        """Send up to ``SHARE_SLOTS`` (4) numbers with the next reduction.
+
+        After the next :meth:`synchronize`, :attr:`shared` holds every rank's
+        values (rows in rank order of the reduction: all workers in sync
+        mode, the group in hybrid/async), at no extra collective: they ride
+        in the control all-reduce. The driver uses this to agree on stopping
+        after a signal and to measure per-rank step times.
+        """
+        vals = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        if vals.numel() > SHARE_SLOTS:
+            raise ValueError(f"share() takes at most {SHARE_SLOTS} values")
+        out = self._reducer.share_out
+        out.zero_()
+        out[: vals.numel()] = vals
+
+    @property
+    def shared(self) -> torch.Tensor:
+        """Every rank's shared values of the last reduction, ``(ranks, SHARE_SLOTS)``."""
+        return self._reducer.shared
+
+    def request_stop(self) -> None:
+        """Hybrid/async: ask every group to stop (sent with this group's next push)."""
+        if self._exchange is not None:
+            from .ps.protocol import FLAG_STOP
+
+            self._exchange.stop_flags |= FLAG_STOP
+
+    def report(self, seconds_per_sample: float) -> None:
+        """Hybrid/async: the group's compute time per sample, sent with each push."""
+        if self._exchange is not None:
+            self._exchange.info = float(seconds_per_sample)
+
+    @property
+    def server_version(self) -> int:
+        """Hybrid/async: the newest server version this group has seen (sync: updates)."""
+        return self.updates if self._exchange is None else self._exchange.version
+
+    @property
+    def batch_advice(self) -> float:
+        """Async adaptive batching: the batch size server 0 advises (0: none)."""
+        return 0.0 if self._exchange is None else self._exchange.advice
+
+    @property
+    def checkpoint_due(self) -> int:
+        """Hybrid/async: the checkpoint the servers asked this group to save now (0: none)."""
+        return 0 if self._exchange is None else self._exchange.checkpoint_due
+
+    def checkpointed(self, number: int) -> None:
+        """Hybrid/async: every member of this group saved its part of checkpoint ``number``."""
+        if self._exchange is None:
+            raise ValueError("checkpointed() is for mode='hybrid' or 'async'")
+        self._exchange.checkpointed(number)
+
+    def refresh_from_servers(self) -> None:
+        """Hybrid/async: load the servers' weights into the model (collective in the group)."""
+        if self._exchange is None:
+            raise ValueError("refresh_from_servers() needs mode='hybrid' or 'async'")
+        self._exchange.refresh()
+        self.updates = self._exchange.updates
 
     @property
     def should_stop(self) -> bool:

@@ -7,25 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..comm import Comm
+from ..comm import Comm, alloc
+from . import protocol as P
 from .compensation import Compensation
-from .server import (
-    BUF,
-    DONE,
-    FINAL,
-    GRAD,
-    HDR,
-    INIT,
-    PULL,
-    PUSH,
-    REPLY_BUF,
-    REPLY_HDR,
-    REPLY_LEN,
-    REPLY_W,
-)
-from .shards import shard_ranges
+from .shards import part_ranges, shard_ranges
 
-__all__ = ["Exchange", "PSClient"]
+__all__ = ["DEFAULT_PART_BYTES", "Exchange", "PSClient"]
+
+DEFAULT_PART_BYTES = 4 * 2**20
 
 
 @dataclass
@@ -50,6 +39,11 @@ class PSClient:
         compensation: The learning-rate rule the servers apply.
         staleness_bound: SSP bound ``s`` in a group's own updates, or ``None``.
         max_updates: Server version at which leaders are told to stop.
+        part_bytes: Messages are cut into parts of about this size, which
+            the servers update and return one by one (the same on every
+            leader; default ``HYBRIDAGG_PS_PART_BYTES``, 4 MiB).
+        skip_update: Servers return the weights without applying the
+            optimizer (to benchmark the transport alone).
     """
 
     def __init__(
@@ -62,6 +56,8 @@ class PSClient:
         compensation: Compensation,
         staleness_bound: int | None = None,
         max_updates: int | None = None,
+        part_bytes: int | None = None,
+        skip_update: bool = False,
     ) -> None:
         self.ps, self.G = ps, num_groups
         self.K = ps.size - num_groups
@@ -73,12 +69,25 @@ class PSClient:
         self.params, self.buffers = params, buffers
         numels = [p.numel() for p in params]
         self.ranges = shard_ranges(sum(numels), self.K)
-        self.flat_weights = torch.cat([p.detach().reshape(-1) for p in params]).cpu()
-        self.flat_grad = torch.zeros_like(self.flat_weights)
+        if part_bytes is None:
+            from .. import config
+
+            part_bytes = config.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
+        esize = params[0].element_size()
+        self.part_elems = max(1, int(part_bytes) // esize)
+        self.parts = [
+            [(lo + a, lo + b) for a, b in part_ranges(hi - lo, self.part_elems)]
+            for lo, hi in self.ranges
+        ]
+        self.skip_update = bool(skip_update)
+        dtype = params[0].dtype
+        self.flat_weights = alloc(sum(numels), dtype, zero=False)
+        torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
+        self.flat_grad = alloc(sum(numels), dtype)
         nbuf = sum(b.numel() for b in buffers)
-        self.flat_buffers = torch.zeros(nbuf, dtype=torch.float64) if nbuf else None
+        self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
         self.versions = [0] * self.K
-        self.header_len = 3 + len(optimizer.param_groups)
+        self.header_len = P.HEAD + len(optimizer.param_groups)
         if ps.rank == 0:
             self._send_init(
                 numels, optimizer, compensation, staleness_bound, max_updates
@@ -112,8 +121,10 @@ class PSClient:
                 "compensation": compensation,
                 "staleness_bound": bound,
                 "max_updates": budget,
+                "part_elems": self.part_elems,
+                "skip_update": self.skip_update,
             }
-            pending.append(self.ps.isend_obj(spec, self.G + s, INIT))
+            pending.append(self.ps.isend_obj(spec, self.G + s, P.INIT))
         self.ps.wait([req for req, _ in pending], "parameter-server start-up")
 
     def _pack_buffers(self) -> torch.Tensor:
@@ -122,14 +133,31 @@ class PSClient:
     # --- exchanges -------------------------------------------------------------
     def _post_replies(self) -> tuple[list, list[np.ndarray]]:
         reqs, replies = [], []
-        for s, (lo, hi) in enumerate(self.ranges):
-            head = np.zeros(REPLY_LEN, dtype=np.float64)
-            reqs.append(self.ps.mpi.Irecv(head, self.G + s, REPLY_HDR))
-            reqs.append(self.ps.irecv(self.flat_weights[lo:hi], self.G + s, REPLY_W))
+        for s in range(self.K):
+            head = np.zeros(P.REPLY_LEN, dtype=np.float64)
+            reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.REPLY_HDR))
+            for lo, hi in self.parts[s]:
+                reqs.append(
+                    self.ps.irecv(self.flat_weights[lo:hi], self.G + s, P.REPLY_W)
+                )
             replies.append(head)
         if self.flat_buffers is not None:
-            reqs.append(self.ps.irecv(self.flat_buffers, self.G, REPLY_BUF))
+            reqs.append(self.ps.irecv(self.flat_buffers, self.G, P.REPLY_BUF))
         return reqs, replies
+
+    def _header(
+        self,
+        kind: float,
+        arg: float = 0.0,
+        samples: float = 0.0,
+        flags: int = 0,
+        info: float = 0.0,
+        lrs=(),
+    ) -> np.ndarray:
+        head = np.zeros(self.header_len, dtype=np.float64)
+        head[: P.HEAD] = (kind, arg, samples, flags, info, 0.0)
+        head[P.HEAD : P.HEAD + len(lrs)] = lrs
+        return head
 
     def push(
         self,
@@ -137,6 +165,9 @@ class PSClient:
         samples: float,
         lrs: list[float],
         versions: list[int],
+        *,
+        flags: int = 0,
+        info: float = 0.0,
     ) -> Exchange:
         """Post a push of the group gradient and the pull of fresh weights.
 
@@ -146,6 +177,8 @@ class PSClient:
             samples: The group's samples in this update.
             lrs: Current ``lr`` of each of the user's parameter groups.
             versions: Per shard, the version the gradient was computed from.
+            flags: :data:`~hybridagg.ps.protocol.FLAG_STOP` to stop every group.
+            info: The group's compute seconds per sample (adaptive batching).
         """
         if grads is not self.flat_grad:  # else the caller filled it in place
             offset = 0
@@ -159,15 +192,16 @@ class PSClient:
                 offset += n
         reqs, replies = self._post_replies()
         keep = []
-        for s, (lo, hi) in enumerate(self.ranges):
-            head = np.array([PUSH, versions[s], samples, *lrs], dtype=np.float64)
+        for s in range(self.K):
+            head = self._header(P.PUSH, versions[s], samples, flags, info, lrs)
             keep.append(head)
-            reqs.append(self.ps.mpi.Isend(head, self.G + s, HDR))
-            reqs.append(self.ps.isend(self.flat_grad[lo:hi], self.G + s, GRAD))
+            reqs.append(self.ps.mpi.Isend(head, self.G + s, P.HDR))
+            for lo, hi in self.parts[s]:
+                reqs.append(self.ps.isend(self.flat_grad[lo:hi], self.G + s, P.GRAD))
         if self.flat_buffers is not None:
             packed = self._pack_buffers()
             keep.append(packed)
-            reqs.append(self.ps.isend(packed, self.G, BUF))
+            reqs.append(self.ps.isend(packed, self.G, P.BUF))
         return Exchange(reqs, replies, keep)
 
     def pull(self) -> Exchange:
@@ -175,18 +209,17 @@ class PSClient:
         reqs, replies = self._post_replies()
         keep = []
         for s in range(self.K):
-            head = np.zeros(self.header_len, dtype=np.float64)
-            head[0] = PULL
+            head = self._header(P.PULL)
             keep.append(head)
-            reqs.append(self.ps.mpi.Isend(head, self.G + s, HDR))
+            reqs.append(self.ps.mpi.Isend(head, self.G + s, P.HDR))
         return Exchange(reqs, replies, keep)
 
     def complete(self, exchange: Exchange) -> dict:
         """Wait for an exchange; ``flat_weights`` then holds the servers' weights.
 
         Returns:
-            ``versions`` per shard, ``stop``, max ``staleness`` and ``lr_scale``
-            (as applied by server 0).
+            ``versions`` per shard, ``stop``, max ``staleness``, and from
+            server 0 ``lr_scale``, the requested ``checkpoint`` and ``advice``.
         """
         self.ps.wait(exchange.requests, "push/pull with the parameter servers")
         heads = exchange.replies
@@ -196,7 +229,15 @@ class PSClient:
             "stop": bool(max(h[1] for h in heads)),
             "staleness": int(max(h[2] for h in heads)),
             "lr_scale": float(heads[0][3]),
+            "checkpoint": int(heads[0][4]),
+            "advice": float(heads[0][5]),
         }
+
+    def checkpointed(self, number: int) -> None:
+        """Tell every server this group has saved its part of checkpoint ``number``."""
+        keep = [self._header(P.CKPT, number) for _ in range(self.K)]
+        reqs = [self.ps.mpi.Isend(h, self.G + s, P.HDR) for s, h in enumerate(keep)]
+        self.ps.wait(reqs, f"checkpoint {number} report to the parameter servers")
 
     def unpack_into_model(self) -> None:
         """Copy ``flat_weights`` (and buffers) into the model's tensors."""
@@ -215,23 +256,22 @@ class PSClient:
 
     def done(self) -> None:
         """Tell every server this leader is finished."""
-        keep, reqs = [], []
-        for s in range(self.K):
-            head = np.zeros(self.header_len, dtype=np.float64)
-            head[0] = DONE
-            keep.append(head)
-            reqs.append(self.ps.mpi.Isend(head, self.G + s, HDR))
+        keep = [self._header(P.DONE) for _ in range(self.K)]
+        reqs = [self.ps.mpi.Isend(h, self.G + s, P.HDR) for s, h in enumerate(keep)]
         self.ps.wait(reqs, "done message to the parameter servers")
 
     def receive_final(self, timeout: float | None = None) -> int:
         """On leader 0: receive every server's final shard; returns the version."""
         reqs, heads = [], []
-        for s, (lo, hi) in enumerate(self.ranges):
+        for s in range(self.K):
             head = np.zeros(1, dtype=np.float64)
             heads.append(head)
-            reqs.append(self.ps.mpi.Irecv(head, self.G + s, FINAL))
-            reqs.append(self.ps.irecv(self.flat_weights[lo:hi], self.G + s, FINAL))
+            reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.FINAL))
+            for lo, hi in self.parts[s]:
+                reqs.append(
+                    self.ps.irecv(self.flat_weights[lo:hi], self.G + s, P.FINAL)
+                )
         if self.flat_buffers is not None:
-            reqs.append(self.ps.irecv(self.flat_buffers, self.G, FINAL))
+            reqs.append(self.ps.irecv(self.flat_buffers, self.G, P.FINAL))
         self.ps.wait(reqs, "final weights from the parameter servers", timeout)
         return int(max(h[0] for h in heads))

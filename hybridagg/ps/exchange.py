@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import torch
 
+from ..comm import alloc
 from ..topology import Topology
 from .client import PSClient
 from .compensation import Compensation
 
 __all__ = ["GroupExchange"]
 
-_HEAD = 4  # stop, new weights, staleness, lr scale
+# header a leader broadcasts in its group: stop, new weights, staleness,
+# lr scale, requested checkpoint, batch advice, server version
+_HEAD = 7
 
 
 class GroupExchange:
@@ -63,9 +66,9 @@ class GroupExchange:
                 max_updates,
             )
         numel = sum(p.numel() for p in params)
-        self.wbuf = torch.empty(numel, dtype=params[0].dtype)
+        self.wbuf = alloc(numel, params[0].dtype, zero=False)
         nbuf = sum(b.numel() for b in buffers)
-        self.bbuf = torch.empty(nbuf, dtype=torch.float64) if nbuf else None
+        self.bbuf = alloc(nbuf, torch.float64, zero=False) if nbuf else None
         self.head = torch.zeros(_HEAD, dtype=torch.float64)
         self.pending = None
         self.model_versions = [0] * (
@@ -75,6 +78,12 @@ class GroupExchange:
         self.last_staleness = 0
         self.last_lr_scale = 1.0
         self.updates = 0
+        self.version = 0  # newest server version this group has seen
+        self.checkpoint_requested = 0
+        self.checkpoint_done = 0
+        self.advice = 0.0
+        self.stop_flags = 0
+        self.info = 0.0
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
@@ -86,15 +95,22 @@ class GroupExchange:
                 self._finish_pending()
                 new = True
             if samples > 0:
-                self.pending = client.push(grads, samples, lrs, self.model_versions)
+                self.pending = self._push(grads, samples, lrs)
             return new
         if samples > 0:
-            info = client.complete(
-                client.push(grads, samples, lrs, self.model_versions)
-            )
-            self._apply(info)
+            self._apply(client.complete(self._push(grads, samples, lrs)))
             new = True
         return new
+
+    def _push(self, grads, samples, lrs):
+        return self.client.push(
+            grads,
+            samples,
+            lrs,
+            self.model_versions,
+            flags=self.stop_flags,
+            info=self.info,
+        )
 
     def _finish_pending(self) -> None:
         info = self.client.complete(self.pending)
@@ -107,6 +123,9 @@ class GroupExchange:
         self.should_stop = self.should_stop or info["stop"]
         self.last_staleness = info["staleness"]
         self.last_lr_scale = info["lr_scale"]
+        self.checkpoint_requested = max(self.checkpoint_requested, info["checkpoint"])
+        self.advice = info["advice"]
+        self.version = max(self.version, max(info["versions"]))
         self.updates += 1
 
     # --- everyone ------------------------------------------------------------
@@ -122,7 +141,11 @@ class GroupExchange:
                     float(new),
                     self.last_staleness,
                     self.last_lr_scale,
-                ]
+                    self.checkpoint_requested,
+                    self.advice,
+                    self.version,
+                ],
+                dtype=torch.float64,
             )
             if new:
                 self._pack()
@@ -140,6 +163,57 @@ class GroupExchange:
             self.should_stop = bool(self.head[0])
             self.last_staleness = int(self.head[2])
             self.last_lr_scale = float(self.head[3])
+            self.checkpoint_requested = int(self.head[4])
+            self.advice = float(self.head[5])
+            self.version = int(self.head[6])
+
+    @property
+    def checkpoint_due(self) -> int:
+        """The checkpoint this group must save now (0: none); same in the group."""
+        c = self.checkpoint_requested
+        return c if c > self.checkpoint_done else 0
+
+    def checkpointed(self, number: int) -> None:
+        """After every member saved its part of ``number``: tell the servers.
+
+        Call on every member of the group (the leader sends ``CKPT``); the
+        servers then hold this group's next push until the snapshot is whole.
+        """
+        self.checkpoint_done = max(self.checkpoint_done, number)
+        if self.is_leader:
+            self.client.checkpointed(number)
+
+    def refresh(self) -> None:
+        """Load the servers' current weights into every member's model (collective).
+
+        Used when training resumes from a checkpoint: the servers hold the
+        authoritative model.
+        """
+        if self.is_leader:
+            if self.pending is not None:
+                self._finish_pending()
+            info = self.client.complete(self.client.pull())
+            self.client.unpack_into_model()
+            self.model_versions = info["versions"]
+            self.version = max(info["versions"])
+            self.checkpoint_requested = max(
+                self.checkpoint_requested, info["checkpoint"]
+            )
+            self.checkpoint_done = self.checkpoint_requested
+            self._pack()
+        if self.group is None:
+            return
+        self.head[:] = float(self.version)
+        self.head[4] = self.checkpoint_done
+        self.group.bcast(self.head, 0, what="resume header from the group leader")
+        reqs = [self.group.ibcast(self.wbuf, 0)]
+        if self.bbuf is not None:
+            reqs.append(self.group.ibcast(self.bbuf, 0))
+        self.group.wait(reqs, "resumed weights from the group leader")
+        if not self.is_leader:
+            self._unpack()
+            self.version = int(self.head[0])
+            self.checkpoint_requested = self.checkpoint_done = int(self.head[4])
 
     def _pack(self) -> None:
         offset = 0

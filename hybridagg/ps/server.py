@@ -1,25 +1,37 @@
 """The parameter-server rank: holds a shard of the model and its optimizer state.
 
 Wire protocol, on a communicator of the group leaders followed by the servers
-(leader ``g`` is rank ``g``, server ``s`` is rank ``G + s``):
+(leader ``g`` is rank ``g``, server ``s`` is rank ``G + s``). Headers are
+float64 vectors (:mod:`hybridagg.ps.protocol`).
 
 * ``INIT`` (leader 0 -> each server, pickled once at start): optimizer class
   and hyperparameters per parameter group, parameter sizes and group
   membership, this server's initial shard and (server 0) the buffers, the
-  compensation settings, the staleness bound and the update budget.
-* ``PUSH`` (leader -> every server): a header ``[kind, version_from,
-  samples, lr per parameter group...]`` (float64), then the gradient shard
-  (and, to server 0, the group's buffers). The server scales each group's
-  ``lr`` by :class:`~hybridagg.ps.compensation.Compensation`, applies the
-  user's optimizer to its shard, increments its version, and replies
-  ``[version, stop, staleness, lr_scale]`` plus its fresh shard (and
-  buffers from server 0). The leader forwards its current learning rates
-  with every push, which is how an LR scheduler stepped on the workers keeps
+  compensation settings, the staleness bound, the update budget and the
+  part size.
+* ``PUSH`` (leader -> every server): a header, then the gradient shard in
+  *parts* of at most ``part_bytes`` (default 4 MiB, like BytePS's tensor
+  partitions), and to server 0 the group's buffers. The server scales each
+  group's ``lr`` by :class:`~hybridagg.ps.compensation.Compensation`, and for
+  each part, as soon as it has arrived, applies the user's optimizer to it
+  and sends the updated part back, so receiving, updating and replying
+  overlap. The reply header carries ``[version, stop, staleness, lr_scale,
+  checkpoint, advice]``. The leader forwards its current learning rates with
+  every push, which is how an LR scheduler stepped on the workers keeps
   working.
-* ``PULL``: the same reply without an update (rank 0 uses it to validate the
-  authoritative model).
+* ``PULL``: the same reply without an update (validation, resume).
+* ``CKPT c``: the leader's group has saved its part of checkpoint ``c``;
+  the server handles nothing more from that leader until every running
+  leader has done the same, then saves its own part (so the snapshot holds
+  exactly the pushes sent before each leader's ``CKPT``: one consistent cut,
+  although the groups run asynchronously) and continues.
 * ``DONE``: that leader finished. When every leader is done, the servers
   send their shards (``FINAL``) to leader 0 and return.
+
+Checkpoints are requested by server 0 (every ``checkpoint_every`` versions,
+when a leader or server 0 itself asks, e.g. on SIGTERM, and at the update
+budget) through the ``checkpoint`` field of its replies; the other servers
+report to server 0 when they have saved, and server 0 commits.
 
 Bounded staleness (SSP, ``staleness_bound = s``): server 0 holds the reply to
 a leader that is more than ``s`` of its own updates ahead of the slowest
@@ -27,7 +39,9 @@ group still running, and releases it when that group catches up; the leader
 waits for server 0's reply, so it cannot run further ahead. The unit is a
 group's own updates; while one gradient is in flight the other ``G - 1``
 groups can apply at most about ``s + 1`` updates each, so the version
-staleness an update sees is at most about ``(G - 1)(s + 1)``.
+staleness an update sees is at most about ``(G - 1)(s + 1)``. A checkpoint
+request releases held replies (the held group must reach the snapshot), so
+around a checkpoint a group may get one update further ahead.
 
 Every wait polls (:func:`hybridagg.comm.poll`), so an idle server costs a
 small fraction of a core.
@@ -36,21 +50,19 @@ small fraction of a core.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..comm import alloc
+from . import protocol as P
 from .compensation import Compensation
-from .shards import pieces_of
+from .shards import part_ranges, pieces_of
 
-__all__ = ["DONE", "FINAL", "INIT", "PULL", "PUSH", "ServerStats", "serve"]
-
-# message kinds (first header element) and tags
-PUSH, PULL, DONE = 1.0, 2.0, 3.0
-INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL = range(101, 109)
-REPLY_LEN = 4
+__all__ = ["ServerStats", "serve"]
 
 
 @dataclass
@@ -63,170 +75,418 @@ class ServerStats:
     pulls: int = 0
     held: int = 0
     max_staleness: int = 0
+    checkpoints: int = 0
     busy_seconds: float = 0.0
     apply_seconds: float = 0.0
+    apply_times: list[float] = field(default_factory=list)
 
 
 class _Shard:
-    """One server's shard: weights, the user's optimizer over its pieces."""
+    """One server's shard: weights, and the user's optimizer over each part."""
 
     def __init__(self, spec: dict) -> None:
-        self.flat = torch.as_tensor(np.asarray(spec["shard"])).clone()
-        self.grad = torch.zeros_like(self.flat)
+        initial = torch.as_tensor(np.asarray(spec["shard"]))
+        self.flat = alloc(initial.numel(), initial.dtype, zero=False)
+        self.flat.copy_(initial)
+        self.grad = alloc(initial.numel(), initial.dtype)
         lo, hi = spec["range"]
-        self.pieces = pieces_of(spec["numels"], lo, hi)
-        by_group: dict[int, list[torch.nn.Parameter]] = {}
-        for piece in self.pieces:
-            view = self.flat[piece.offset : piece.offset + piece.numel]
-            param = torch.nn.Parameter(view)
-            param.grad = self.grad[piece.offset : piece.offset + piece.numel]
-            by_group.setdefault(spec["group_of"][piece.param], []).append(param)
-        self.user_groups = sorted(by_group)
-        groups = [{**spec["hyper"][g], "params": by_group[g]} for g in self.user_groups]
+        self.parts = part_ranges(hi - lo, spec["part_elems"])
         cls = spec["optimizer"]
-        self.optimizer = cls(groups, **spec["defaults"]) if groups else None
+        self.optimizers: list[tuple[torch.optim.Optimizer, list[int]] | None] = []
+        for a, b in self.parts:
+            by_group: dict[int, list[torch.nn.Parameter]] = {}
+            for piece in pieces_of(spec["numels"], lo + a, lo + b):
+                start = a + piece.offset
+                param = torch.nn.Parameter(self.flat[start : start + piece.numel])
+                param.grad = self.grad[start : start + piece.numel]
+                by_group.setdefault(spec["group_of"][piece.param], []).append(param)
+            groups = sorted(by_group)
+            if not groups:
+                self.optimizers.append(None)
+                continue
+            hyper = [{**spec["hyper"][g], "params": by_group[g]} for g in groups]
+            self.optimizers.append((cls(hyper, **spec["defaults"]), groups))
         self.buffers = (
             torch.as_tensor(np.asarray(spec["buffers"])).clone()
             if spec.get("buffers") is not None
             else None
         )
+        self.skip_update = bool(spec.get("skip_update", False))
 
-    def apply(self, lrs: list[float], scale: float) -> None:
-        if self.optimizer is None:
+    def apply(self, part: int, lrs: list[float], scale: float) -> None:
+        entry = self.optimizers[part]
+        if entry is None or self.skip_update:
             return
-        for group, user_group in zip(
-            self.optimizer.param_groups, self.user_groups, strict=True
-        ):
+        opt, groups = entry
+        for group, user_group in zip(opt.param_groups, groups, strict=True):
             group["lr"] = lrs[user_group] * scale
-        self.optimizer.step()
+        opt.step()
+
+    def state(self) -> dict:
+        return {
+            "flat": self.flat.clone(),
+            "buffers": None if self.buffers is None else self.buffers.clone(),
+            "optimizers": [
+                None if e is None else e[0].state_dict() for e in self.optimizers
+            ],
+        }
+
+    def load(self, state: dict) -> None:
+        if state["flat"].shape != self.flat.shape:
+            raise ValueError(
+                f"checkpointed shard has {state['flat'].numel()} elements, this "
+                f"server's shard {self.flat.numel()} (another model or server count?)"
+            )
+        self.flat.copy_(state["flat"])
+        if self.buffers is not None and state.get("buffers") is not None:
+            self.buffers.copy_(state["buffers"])
+        saved = state["optimizers"]
+        if len(saved) != len(self.optimizers):
+            raise ValueError("checkpointed shard was cut into other parts")
+        for entry, sd in zip(self.optimizers, saved, strict=True):
+            if entry is not None and sd is not None:
+                entry[0].load_state_dict(sd)
 
 
-def serve(topology, *, timeout: float | None = None) -> ServerStats:
+class _Server:
+    """The state machine of one server rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        topology,
+        timeout,
+        checkpoint_every,
+        on_snapshot,
+        on_commit,
+        stop_requested,
+        restore,
+    ) -> None:
+        self.ps = topology.comms.leaders.dup("ps")
+        self.G = topology.num_groups
+        self.K = self.ps.size - self.G
+        self.me = self.ps.rank - self.G
+        spec = self.ps.recv_obj(0, P.INIT, what="parameter-server start-up from rank 0")
+        self.shard = _Shard(spec)
+        self.comp: Compensation = spec["compensation"]
+        self.bound: int | None = spec["staleness_bound"]
+        self.budget: int | None = spec["max_updates"]
+        self.hlen = P.HEAD + len(spec["hyper"])
+        self.stats = ServerStats(server=self.me, updates_per_leader=[0] * self.G)
+        self.version = 0
+        if restore is not None:
+            self.shard.load(restore["shard"])
+            self.version = int(restore["version"])
+            self.stats.updates_per_leader = list(restore["updates_per_leader"])
+        self.timeout = self.ps.timeout if timeout is None else timeout
+        self.every, self.on_snapshot, self.on_commit = (
+            checkpoint_every,
+            on_snapshot,
+            on_commit,
+        )
+        self.stop_requested = stop_requested
+        self.next_ckpt_version = (
+            (self.version // checkpoint_every + 1) * checkpoint_every
+            if checkpoint_every
+            else None
+        )
+        self.requested = int(restore["checkpoint"]) if restore is not None else 0
+        self.saved = self.requested  # last checkpoint this server saved
+        self.saved_version = self.version
+        self.committed = self.requested
+        self.paused: dict[int, int] = {}
+        self.written: dict[int, set[int]] = {}
+        self.headers = [np.zeros(self.hlen, dtype=np.float64) for _ in range(self.G)]
+        self.hreqs = [
+            self.ps.mpi.Irecv(self.headers[g], g, P.HDR) for g in range(self.G)
+        ]
+        self.reply_h = [np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(self.G)]
+        # Replies are sent from the shard itself (no copy); before the shard
+        # changes, every reply in flight is completed (the leader posted its
+        # receives before pushing, so this is quick).
+        self.sends: list[list[MPI.Request]] = [[] for _ in range(self.G)]
+        self.held: dict[int, tuple[int, float]] = {}
+        self.done: set[int] = set()
+        self.stopping = False
+        self.wreqs: list[tuple[MPI.Request, np.ndarray]] = []
+        if self.me == 0:
+            for s in range(1, self.K):
+                buf = np.zeros(1, dtype=np.float64)
+                self.wreqs.append((self.ps.mpi.Irecv(buf, self.G + s, P.WRITTEN), buf))
+
+    # --- replies -------------------------------------------------------------
+    def _stop_flag(self) -> float:
+        over = self.budget is not None and self.version >= self.budget
+        return 1.0 if over or self.stopping else 0.0
+
+    def _head(self, g: int, staleness: int, scale: float) -> np.ndarray:
+        self.ps.wait(self.sends[g], f"previous reply to leader {g}")
+        h = self.reply_h[g]
+        h[:] = (self.version, self._stop_flag(), staleness, scale, self.requested, 0.0)
+        return h
+
+    def reply_whole(self, g: int, staleness: int, scale: float) -> None:
+        reqs = [self.ps.mpi.Isend(self._head(g, staleness, scale), g, P.REPLY_HDR)]
+        for a, b in self.shard.parts:
+            reqs.append(self.ps.isend(self.shard.flat[a:b], g, P.REPLY_W))
+        if self.shard.buffers is not None:
+            reqs.append(self.ps.isend(self.shard.buffers, g, P.REPLY_BUF))
+        self.sends[g] = reqs
+
+    def too_far_ahead(self, g: int) -> bool:
+        if self.me != 0 or self.bound is None or self.requested > self.saved:
+            return False
+        counts = self.stats.updates_per_leader
+        running = [counts[h] for h in range(self.G) if h not in self.done]
+        return bool(running) and counts[g] - min(running) > self.bound
+
+    def release_held(self, everyone: bool = False) -> None:
+        for g in sorted(self.held):
+            if everyone or not self.too_far_ahead(g):
+                staleness, scale = self.held.pop(g)
+                self.reply_whole(g, staleness, scale)
+
+    # --- messages --------------------------------------------------------------
+    def push(self, g: int, header: np.ndarray) -> None:
+        ps, shard = self.ps, self.shard
+        version_from, samples = int(header[1]), float(header[2])
+        if int(header[3]) & P.FLAG_STOP and self.me == 0:
+            self.request_stop()
+        staleness = self.version - version_from
+        scale = self.comp.scale(samples, self.version, staleness)
+        lrs = header[P.HEAD :].tolist()
+        grads = [ps.irecv(shard.grad[a:b], g, P.GRAD) for a, b in shard.parts]
+        incoming = None
+        if shard.buffers is not None:
+            incoming = torch.empty_like(shard.buffers)
+            grads.append(ps.irecv(incoming, g, P.BUF))
+        ps.wait([r for reqs in self.sends for r in reqs], "replies in flight")
+        self.version += 1
+        self.stats.updates_per_leader[g] += 1
+        self.stats.max_staleness = max(self.stats.max_staleness, staleness)
+        if self.me == 0:
+            self.maybe_request()
+        hold = self.too_far_ahead(g)
+        reqs = (
+            []
+            if hold
+            else [ps.mpi.Isend(self._head(g, staleness, scale), g, P.REPLY_HDR)]
+        )
+        applied = 0.0
+        for i, (a, b) in enumerate(shard.parts):
+            ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
+            t0 = time.perf_counter()
+            shard.apply(i, lrs, scale)
+            applied += time.perf_counter() - t0
+            if not hold:
+                reqs.append(ps.isend(shard.flat[a:b], g, P.REPLY_W))
+        if incoming is not None:
+            ps.wait(grads[-1], f"buffers from leader {g}")
+            shard.buffers.copy_(incoming)
+            if not hold:
+                reqs.append(ps.isend(shard.buffers, g, P.REPLY_BUF))
+        self.sends[g] = reqs
+        self.stats.apply_seconds += applied
+        if len(self.stats.apply_times) < 10_000:
+            self.stats.apply_times.append(applied)
+        if hold:
+            self.held[g] = (staleness, scale)
+            self.stats.held += 1
+        if self.me == 0:
+            self.release_held()
+
+    def maybe_request(self) -> None:
+        """Server 0: ask for a checkpoint when one is due."""
+        if self.on_snapshot is None:
+            return
+        due = (
+            self.next_ckpt_version is not None
+            and self.version >= self.next_ckpt_version
+        )
+        at_budget = self.budget is not None and self.version == self.budget
+        if (due or at_budget) and self.requested == self.saved:
+            self.requested += 1
+            while self.every and self.next_ckpt_version <= self.version:
+                self.next_ckpt_version += self.every
+            self.release_held(everyone=True)
+
+    def request_stop(self) -> None:
+        """Server 0: stop every group (after a checkpoint, if checkpointing)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.on_snapshot is not None and self.requested == self.saved:
+            self.requested += 1
+        self.release_held(everyone=True)
+
+    def checkpoint_ready(self) -> bool:
+        pending = max(self.paused.values(), default=0)
+        if not pending:
+            return False
+        return all(
+            g in self.done or self.paused.get(g) == pending for g in range(self.G)
+        )
+
+    def snapshot(self) -> None:
+        c = max(self.paused.values())
+        state = {
+            "checkpoint": c,
+            "version": self.version,
+            "updates_per_leader": list(self.stats.updates_per_leader),
+            "done": sorted(self.done),
+            "shard": self.shard.state(),
+        }
+        self.on_snapshot(c, state)
+        self.saved_version = self.version
+        self.saved = max(self.saved, c)
+        self.requested = max(self.requested, c)
+        self.stats.checkpoints += 1
+        if self.me == 0:
+            self.written.setdefault(c, set()).add(0)
+        else:
+            msg = np.array([c], dtype=np.float64)
+            self.ps.wait(self.ps.mpi.Isend(msg, self.G, P.WRITTEN), "checkpoint report")
+        for g in list(self.paused):
+            del self.paused[g]
+            self.hreqs[g] = self.ps.mpi.Irecv(self.headers[g], g, P.HDR)
+
+    def poll_written(self) -> None:
+        """Server 0: commit every checkpoint all servers have saved."""
+        for i, (req, buf) in enumerate(self.wreqs):
+            if req.Test():
+                self.written.setdefault(int(buf[0]), set()).add(i + 1)
+                self.wreqs[i] = (self.ps.mpi.Irecv(buf, self.G + i + 1, P.WRITTEN), buf)
+        for c in sorted(self.written):
+            if len(self.written[c]) == self.K and c > self.committed:
+                self.on_commit(c)
+                self.committed = c
+                del self.written[c]
+
+    def handle(self, g: int) -> None:
+        header = self.headers[g]
+        kind = header[0]
+        if kind == P.PUSH:
+            self.push(g, header)
+            self.hreqs[g] = self.ps.mpi.Irecv(self.headers[g], g, P.HDR)
+        elif kind == P.PULL:
+            self.stats.pulls += 1
+            self.reply_whole(g, 0, 0.0)
+            self.hreqs[g] = self.ps.mpi.Irecv(self.headers[g], g, P.HDR)
+        elif kind == P.CKPT:
+            self.paused[g] = int(header[1])
+            self.hreqs[g] = MPI.REQUEST_NULL
+        elif kind == P.DONE:
+            self.done.add(g)
+            self.hreqs[g] = MPI.REQUEST_NULL
+            if self.me == 0:
+                self.release_held()
+        else:
+            raise RuntimeError(
+                f"server {self.me}: unknown message kind {kind} from leader {g}"
+            )
+
+    # --- the loop ------------------------------------------------------------------
+    def run(self) -> ServerStats:
+        box: dict[str, int] = {}
+
+        def event() -> bool:
+            if self.me == 0:
+                if self.stop_requested is not None and self.stop_requested():
+                    self.request_stop()
+                if self.wreqs or self.on_commit is not None:
+                    self.poll_written()
+            if self.checkpoint_ready():
+                box["g"] = -1
+                return True
+            index = MPI.Request.Testany(self.hreqs)[0]
+            if index != MPI.UNDEFINED:
+                box["g"] = index
+                return True
+            return len(self.done) == self.G
+
+        while len(self.done) < self.G:
+            self.ps.wait_for(event, "next message from a group leader", self.timeout)
+            start = time.perf_counter()
+            g = box.pop("g", None)
+            if g == -1:
+                self.snapshot()
+            elif g is not None:
+                self.handle(g)
+            self.stats.busy_seconds += time.perf_counter() - start
+        return self.finish()
+
+    def finish(self) -> ServerStats:
+        ps, shard = self.ps, self.shard
+        for g in range(self.G):
+            ps.wait(self.sends[g], f"last reply to leader {g}")
+        if self.on_snapshot is not None and self.version != self.saved_version:
+            # every server processed the same pushes and CKPTs, so all agree
+            # on this final checkpoint's number and on whether it is needed
+            self.paused = {g: self.saved + 1 for g in range(self.G)}
+            self.snapshot()
+        if self.me == 0 and self.on_commit is not None:
+            ps.wait_for(
+                lambda: (self.poll_written(), self.committed >= self.saved)[1],
+                "checkpoint reports from the other servers",
+            )
+        for req, _ in self.wreqs:
+            req.Cancel()
+        final = [
+            ps.mpi.Isend(np.array([self.version], dtype=np.float64), 0, P.FINAL),
+            *(ps.isend(shard.flat[a:b], 0, P.FINAL) for a, b in shard.parts),
+        ]
+        if shard.buffers is not None:
+            final.append(ps.isend(shard.buffers, 0, P.FINAL))
+        ps.wait(final, "final weights to rank 0")
+        for req, _ in self.wreqs:
+            ps.wait(req, "cancelled checkpoint report")
+        self.stats.version = self.version
+        ps.free()
+        return self.stats
+
+
+def serve(
+    topology,
+    *,
+    timeout: float | None = None,
+    checkpoint_every: int | None = None,
+    on_snapshot: Callable[[int, dict], None] | None = None,
+    on_commit: Callable[[int], None] | None = None,
+    stop_requested: Callable[[], bool] | None = None,
+    restore: dict | None = None,
+) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
     Args:
         topology: From :func:`hybridagg.init`, on a server rank.
         timeout: Seconds without any message before the server gives up
             (default ``HYBRIDAGG_TIMEOUT``); the job then aborts.
+        checkpoint_every: Server 0 requests a checkpoint every this many
+            versions (needs ``on_snapshot``).
+        on_snapshot: ``f(c, state)`` saves this server's part of checkpoint
+            ``c`` (a dict of tensors and numbers, loadable with
+            ``torch.load(weights_only=True)``). Checkpoints are off without it.
+        on_commit: Server 0: ``f(c)`` once every server has saved ``c``.
+        stop_requested: Server 0: polled; true makes every group stop after
+            a final checkpoint (e.g. set by a SIGTERM handler).
+        restore: A ``state`` this server saved before: continue from it.
 
     Returns:
         This server's statistics.
 
     Raises:
-        ValueError: This rank is not a server.
+        ValueError: This rank is not a server, or ``restore`` does not fit.
     """
     if not topology.is_server:
         raise ValueError(f"rank {topology.rank} is a worker, not a parameter server")
-    ps = topology.comms.leaders.dup("ps")
-    G = topology.num_groups
-    me = ps.rank - G
-    spec = ps.recv_obj(0, INIT, what="parameter-server start-up from rank 0")
-    shard = _Shard(spec)
-    comp: Compensation = spec["compensation"]
-    bound: int | None = spec["staleness_bound"]
-    budget: int | None = spec["max_updates"]
-    ngroups_user = len(spec["hyper"])
-    stats = ServerStats(server=me, updates_per_leader=[0] * G)
-    headers = [np.zeros(3 + ngroups_user, dtype=np.float64) for _ in range(G)]
-    hreqs = [ps.mpi.Irecv(headers[g], g, HDR) for g in range(G)]
-    reply_h = [np.zeros(REPLY_LEN, dtype=np.float64) for _ in range(G)]
-    # Replies are sent from the shard itself (no copy); before the shard
-    # changes, every reply in flight is completed (the leader posted its
-    # receive before pushing, so this is quick).
-    sends: list[list[MPI.Request]] = [[] for _ in range(G)]
-    held: dict[int, tuple[int, float]] = {}
-    done: set[int] = set()
-    timeout = ps.timeout if timeout is None else timeout
-    version = 0
-
-    def reply(g: int, staleness: int, scale: float) -> None:
-        ps.wait(sends[g], f"previous reply to leader {g}")
-        stop = 1.0 if budget is not None and version >= budget else 0.0
-        reply_h[g][:] = (version, stop, staleness, scale)
-        reqs = [
-            ps.mpi.Isend(reply_h[g], g, REPLY_HDR),
-            ps.isend(shard.flat, g, REPLY_W),
-        ]
-        if shard.buffers is not None:
-            reqs.append(ps.isend(shard.buffers, g, REPLY_BUF))
-        sends[g] = reqs
-
-    def too_far_ahead(g: int) -> bool:
-        running = [stats.updates_per_leader[h] for h in range(G) if h not in done]
-        return bool(running) and stats.updates_per_leader[g] - min(running) > bound
-
-    def release_held() -> None:
-        for g in sorted(held):
-            if not too_far_ahead(g):
-                staleness, scale = held.pop(g)
-                reply(g, staleness, scale)
-
-    box: dict[str, int] = {}
-
-    def arrived() -> bool:
-        index = MPI.Request.Testany(hreqs)[0]
-        if index != MPI.UNDEFINED:
-            box["g"] = index
-            return True
-        return False
-
-    while len(done) < G:
-        ps.wait_for(arrived, "next message from a group leader", timeout)
-        g = box["g"]
-        header = headers[g]
-        kind = header[0]
-        start = time.perf_counter()
-        if kind == PUSH:
-            reqs = [ps.irecv(shard.grad, g, GRAD)]
-            incoming_buffers = None
-            if shard.buffers is not None:
-                incoming_buffers = torch.empty_like(shard.buffers)
-                reqs.append(ps.irecv(incoming_buffers, g, BUF))
-            ps.wait(reqs, f"gradient from leader {g}")
-            version_from, samples = int(header[1]), float(header[2])
-            staleness = version - version_from
-            scale = comp.scale(samples, version, staleness)
-            ps.wait([r for reqs in sends for r in reqs], "replies in flight")
-            applied = time.perf_counter()
-            shard.apply(header[3:].tolist(), scale)
-            stats.apply_seconds += time.perf_counter() - applied
-            if incoming_buffers is not None:
-                shard.buffers.copy_(incoming_buffers)
-            version += 1
-            stats.updates_per_leader[g] += 1
-            stats.max_staleness = max(stats.max_staleness, staleness)
-            if me == 0 and bound is not None and too_far_ahead(g):
-                held[g] = (staleness, scale)
-                stats.held += 1
-            else:
-                reply(g, staleness, scale)
-            if me == 0 and bound is not None:
-                release_held()
-            hreqs[g] = ps.mpi.Irecv(headers[g], g, HDR)
-        elif kind == PULL:
-            stats.pulls += 1
-            reply(g, 0, 0.0)
-            hreqs[g] = ps.mpi.Irecv(headers[g], g, HDR)
-        elif kind == DONE:
-            done.add(g)
-            hreqs[g] = MPI.REQUEST_NULL
-            if me == 0 and bound is not None:
-                release_held()
-        else:
-            raise RuntimeError(
-                f"server {me}: unknown message kind {kind} from leader {g}"
-            )
-        stats.busy_seconds += time.perf_counter() - start
-
-    for g in range(G):
-        ps.wait(sends[g], f"last reply to leader {g}")
-    final = [
-        ps.mpi.Isend(np.array([version], dtype=np.float64), 0, FINAL),
-        ps.isend(shard.flat, 0, FINAL),
-    ]
-    if shard.buffers is not None:
-        final.append(ps.isend(shard.buffers, 0, FINAL))
-    ps.wait(final, "final weights to rank 0")
-    stats.version = version
-    ps.free()
-    return stats
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    server = _Server(
+        topology,
+        timeout,
+        checkpoint_every,
+        on_snapshot,
+        on_commit,
+        stop_requested,
+        restore,
+    )
+    return server.run()

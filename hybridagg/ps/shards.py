@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Piece", "pieces_of", "shard_ranges"]
+__all__ = ["Piece", "part_ranges", "pieces_of", "shard_ranges"]
 
 
 def shard_ranges(total: int, shards: int) -> list[tuple[int, int]]:
@@ -66,3 +66,18 @@ def pieces_of(numels: list[int], lo: int, hi: int) -> list[Piece]:
             pieces.append(Piece(index, a - base, b - base, a - lo))
         base += n
     return pieces
+
+
+def part_ranges(length: int, part_elems: int) -> list[tuple[int, int]]:
+    """Cut a shard of ``length`` elements into parts of at most ``part_elems``.
+
+    Parts are the unit of the pipelined push, update and reply; the cut is
+    even (sizes differ by at most one element). An empty shard has no parts.
+
+    Raises:
+        ValueError: ``part_elems`` is not positive.
+    """
+    if part_elems < 1:
+        raise ValueError(f"part size must be positive, got {part_elems}")
+    count = -(-length // part_elems)
+    return [(length * i // count, length * (i + 1) // count) for i in range(count)]

@@ -1,0 +1,158 @@
+"""A pipelined ring all-reduce over non-blocking point-to-point messages.
+
+Why not ``MPI_Iallreduce`` for large buffers: measured on this project's
+2-core test machine (Open MPI 5.0.11, shared memory), ``MPI_Iallreduce`` of
+16-256 MiB ran 2-2.6x slower than the blocking ``MPI_Allreduce``, and a ring
+of ``MPI_Isend``/``MPI_Irecv`` ran as fast as the blocking call at 16 MiB and
+about 2x faster at 64-256 MiB. A blocking collective cannot be polled (it
+spins a core while a peer is still in backward), so hybridagg reduces large
+buckets with this ring, progressed by ``MPI_Test`` from the gradient hooks
+and from the polled wait, like every other request.
+
+Algorithm (Patarasuk and Yuan's bandwidth-optimal ring, as Baidu and Horovod
+use it): the buffer is cut into ``n`` segments. In ``n - 1`` reduce-scatter
+stages rank ``r`` sends segment ``(r - k) mod n`` to its right neighbour and
+adds the segment ``(r - k - 1) mod n`` it receives from its left one; rank
+``r`` then holds the complete sum of segment ``(r + 1) mod n``. In ``n - 1``
+all-gather stages the complete segments travel once more around the ring.
+Each rank sends and receives ``2 (n - 1) / n`` of the buffer, the optimum.
+Every segment is further cut into chunks that advance independently, so the
+addition of one chunk overlaps the transfer of the next.
+
+Every rank ends with bitwise the same result (each element is summed once, in
+one fixed order, then copied), which keeps replicas identical.
+"""
+
+from __future__ import annotations
+
+import torch
+from mpi4py import MPI
+
+from .comm import Comm, alloc, as_buffer
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "RingAllreduce", "ring_tags"]
+
+DEFAULT_CHUNK_BYTES = 4 * 2**20
+_MAX_CHUNKS = 64
+_TAG_BASE = 1000
+
+
+def _tag_ub() -> int:
+    # TAG_UB is defined on COMM_WORLD; duplicates need not carry it
+    value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return 32767 if value is None else int(value)
+
+
+def ring_tags(tag_ub: int, nranks: int, nchunks: int) -> int:
+    """How many ring all-reduces may be in flight before their tags repeat.
+
+    Tags are ``base + ((seq mod S) x stages + stage) x chunks + chunk``; the
+    result ``S`` is what fits below ``MPI_TAG_UB``.
+
+    Raises:
+        ValueError: Not even two rounds fit (a very small ``MPI_TAG_UB``).
+    """
+    per_round = max(1, 2 * (nranks - 1)) * nchunks
+    rounds = (tag_ub - _TAG_BASE) // per_round
+    if rounds < 2:
+        raise ValueError(
+            f"MPI_TAG_UB={tag_ub} is too small for a ring over {nranks} ranks"
+        )
+    return rounds
+
+
+class RingAllreduce:
+    """One in-place sum all-reduce of a contiguous CPU tensor, in progress.
+
+    Construct it on every rank of ``comm`` in the same order (``seq`` counts
+    the rings posted on ``comm``); call :meth:`test` until it returns true.
+
+    Args:
+        comm: The communicator (all its ranks take part).
+        buf: A contiguous CPU tensor; reduced in place.
+        seq: Index of this ring among those posted on ``comm`` (same on every rank).
+        chunk_bytes: Pipelining granularity.
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        buf: torch.Tensor,
+        seq: int,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if not buf.is_contiguous() or buf.device.type != "cpu":
+            raise ValueError("the ring all-reduce needs a contiguous CPU tensor")
+        self.comm, self.n, self.r = comm, comm.size, comm.rank
+        self.flat = buf.view(-1)
+        total = self.flat.numel()
+        n = self.n
+        bounds = [total * i // n for i in range(n + 1)]
+        self.segments = [(bounds[i], bounds[i + 1]) for i in range(n)]
+        longest = max(b - a for a, b in self.segments)
+        nbytes = longest * self.flat.element_size()
+        self.nchunks = max(1, min(_MAX_CHUNKS, -(-nbytes // max(1, chunk_bytes))))
+        self.slot = -(-longest // self.nchunks) if longest else 0
+        self.tmp = alloc(self.slot * self.nchunks, self.flat.dtype, zero=False)
+        self.stages = 2 * (n - 1)
+        rounds = ring_tags(_tag_ub(), n, self.nchunks)
+        self.tag0 = _TAG_BASE + (seq % rounds) * self.stages * self.nchunks
+        self.left, self.right = (self.r - 1) % n, (self.r + 1) % n
+        self.stage = [0] * self.nchunks
+        self.reqs: list[list[MPI.Request]] = [[] for _ in range(self.nchunks)]
+        self.done = n == 1 or total == 0
+        if not self.done:
+            for j in range(self.nchunks):
+                self._post(j)
+
+    def _chunk(self, segment: int, j: int) -> tuple[int, int]:
+        a, b = self.segments[segment % self.n]
+        length = b - a
+        lo = a + length * j // self.nchunks
+        hi = a + length * (j + 1) // self.nchunks
+        return lo, hi
+
+    def _post(self, j: int) -> None:
+        k, n, r = self.stage[j], self.n, self.r
+        tag = self.tag0 + k * self.nchunks + j
+        if k < n - 1:  # reduce-scatter
+            slo, shi = self._chunk(r - k, j)
+            rlo, rhi = self._chunk(r - k - 1, j)
+            into = self.tmp[j * self.slot : j * self.slot + (rhi - rlo)]
+        else:  # all-gather
+            s = k - (n - 1)
+            slo, shi = self._chunk(r + 1 - s, j)
+            rlo, rhi = self._chunk(r - s, j)
+            into = self.flat[rlo:rhi]
+        mpi = self.comm.mpi
+        self.reqs[j] = [
+            mpi.Irecv(as_buffer(into), self.left, tag),
+            mpi.Isend(as_buffer(self.flat[slo:shi]), self.right, tag),
+        ]
+
+    def _finish_stage(self, j: int) -> None:
+        k = self.stage[j]
+        if k < self.n - 1:
+            rlo, rhi = self._chunk(self.r - k - 1, j)
+            self.flat[rlo:rhi].add_(
+                self.tmp[j * self.slot : j * self.slot + (rhi - rlo)]
+            )
+        self.stage[j] = k + 1
+        self.comm.events += 1
+        if self.stage[j] < self.stages:
+            self._post(j)
+        else:
+            self.reqs[j] = []
+
+    def test(self) -> bool:
+        """Advance every chunk whose messages have arrived; true when all are done."""
+        if self.done:
+            return True
+        finished = True
+        for j in range(self.nchunks):
+            while self.stage[j] < self.stages and MPI.Request.Testall(self.reqs[j]):
+                self._finish_stage(j)
+            if self.stage[j] < self.stages:
+                finished = False
+        self.done = finished
+        return finished
