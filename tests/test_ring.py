@@ -51,7 +51,7 @@ def test_ring_equals_the_sum_on_every_rank_with_rings_in_flight(mpi_ranks):
             for buf in mine:
                 rings.append(RingAllreduce(comm, buf, seq, chunk_bytes))
                 seq += 1
-            comm.wait_for(lambda: all([r.test() for r in rings]), "rings")
+            comm.wait_for(lambda rs=rings: all([r.test() for r in rs]), "rings")
             for i, buf in enumerate(mine):
                 torch.testing.assert_close(buf, data[i].sum(0))
             # bitwise the same result everywhere: replicas stay identical
