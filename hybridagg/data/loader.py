@@ -26,14 +26,15 @@ from .pipeline import (
     LoaderStats,
     Prefetcher,
     close_prefetcher,
-    counter_pieces,
     generate,
 )
+from .position import DynamicTrack, counter_pieces, merge_states, snapshot
 from .reader import SplitReader, mpio_available
 from .shares import (
     EpochPlan,
     LocalCounter,
     WindowCounter,
+    drop_prefix,
     resplit_static,
     split_static,
 )
@@ -242,6 +243,8 @@ class HDF5Loader:
             self.close()
             raise
         self._consumed = 0
+        self._steps_done = 0
+        self._resume_static = None
         self._active = False
 
     # --- construction -----------------------------------------------------------
@@ -408,6 +411,10 @@ class HDF5Loader:
             raise err
         if self.shares == "dynamic":
             self._counter = WindowCounter(self.comm) if self.comm else LocalCounter()
+            windows = EpochPlan(
+                self.lengths, self.block_samples, self.window_blocks, self.seed, 0
+            ).n_windows
+            self._track = DynamicTrack(n_windows=windows, epoch=self.epoch)
 
     # --- public API ---------------------------------------------------------------
     @property
@@ -471,7 +478,93 @@ class HDF5Loader:
                 drop_last=self.drop_last,
             )
             self._consumed = 0
+            self._steps_done = 0
             self._start_reader()
+
+    # --- position -------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where this worker is in the data, to resume from (plain numbers and lists).
+
+        Static shares: collective over the workers (every worker returns the
+        same state: the unread rest of every share). Dynamic shares: local,
+        this worker's own position; any moment will do, also while other
+        workers run on (see :mod:`hybridagg.data.position`).
+        """
+        if self.shares == "dynamic":
+            track = self._track
+            with track.lock:
+                if not self._active and track.epoch != self.epoch:
+                    track.epoch, track.yielded = self.epoch, []
+                consumed = self._consumed if self._active else 0
+                state = snapshot(track, consumed, self._counter.read())
+            state["kind"] = "dynamic"
+            state["epoch"] = self.epoch
+            return state
+        if not self._active:
+            return {"kind": "static", "epoch": self.epoch, "shares": None}
+        views = (
+            self.comm.allgather_obj(
+                (self._consumed, self._steps_done), what="loader position"
+            )
+            if self.comm
+            else [(self._consumed, self._steps_done)]
+        )
+        shares = [
+            [list(iv) for iv in drop_prefix(share, consumed)]
+            for share, (consumed, _) in zip(self._plan_shares, views, strict=True)
+        ]
+        return {
+            "kind": "static",
+            "epoch": self.epoch,
+            "shares": shares,
+            "steps_left": int(self._steps_left - views[0][1]),
+            "batch_sizes": list(self.batch_sizes),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s result (collective over the workers).
+
+        Dynamic shares: every worker passes the state it saved; chunks that
+        no worker's state accounts for are handed out again.
+
+        Raises:
+            ValueError: A state of the other kind of shares, another number
+                of workers, or a loader that is being iterated.
+        """
+        if self._active:
+            raise ValueError("load_state_dict() while the loader is being iterated")
+        kind = state.get("kind")
+        if kind != self.shares:
+            raise ValueError(
+                f"loader state is for {kind!r} shares, this loader has {self.shares!r}"
+            )
+        if self.shares == "static":
+            self.epoch = int(state["epoch"])
+            if state.get("shares") is None:
+                self._resume_static = None
+                return
+            if len(state["shares"]) != self.size:
+                raise ValueError(
+                    f"loader state has {len(state['shares'])} workers, this job {self.size}"
+                )
+            self.batch_size = int(state["batch_sizes"][self.rank])
+            self._batch_box[0] = self.batch_size
+            self.batch_sizes = [int(b) for b in state["batch_sizes"]]
+            shares = [[tuple(iv) for iv in share] for share in state["shares"]]
+            self._resume_static = (shares, int(state["steps_left"]))
+            return
+        states = (
+            self.comm.allgather_obj(state, what="loader resume")
+            if self.comm
+            else [state]
+        )
+        carry, epochs, counter = merge_states(states)
+        self._counter.set(counter)
+        track = self._track
+        with track.lock:
+            track.carry, track.stash, track.taken = carry[self.rank], None, []
+            track.epoch, track.yielded = epochs[self.rank], []
+        self.epoch = epochs[self.rank]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._begin_epoch()
@@ -493,6 +586,7 @@ class HDF5Loader:
                 st.batches += 1
                 st.samples += len(y)
                 self._consumed += len(y)
+                self._steps_done += 1
                 yield x, y
             self.epoch += 1
         finally:
@@ -533,17 +627,30 @@ class HDF5Loader:
             shuffle=self.shuffle,
         )
         if self.shares == "static":
-            self._plan_shares, self._steps_left = split_static(
-                [(0, self._plan.total)], self.batch_sizes, drop_last=self.drop_last
-            )
+            if self._resume_static is not None:
+                self._plan_shares, self._steps_left = self._resume_static
+                self._resume_static = None
+            else:
+                self._plan_shares, self._steps_left = split_static(
+                    [(0, self._plan.total)], self.batch_sizes, drop_last=self.drop_last
+                )
         else:
-            self._counter.reset()
+            self._track.start_epoch(self.epoch)
         self._consumed = 0
+        self._steps_done = 0
         self._active = True
         self._start_reader()
 
     def _end_epoch(self) -> None:
         self._stop_reader()
+        if (
+            self._active
+            and self.shares == "dynamic"
+            and self._track.epoch == self.epoch
+        ):
+            # an abandoned pass: the shared counter has moved on, so the next
+            # pass is the next epoch (chunks left of this one are skipped)
+            self.epoch += 1
         self._active = False
 
     def _start_reader(self) -> None:
@@ -583,7 +690,7 @@ class HDF5Loader:
                     len({g for g, _, _ in plan.pieces(s)}) for s in self._plan_shares
                 )
         else:
-            pieces = counter_pieces(plan, self._counter)
+            pieces = counter_pieces(self._track, plan, self._counter)
         info = self.infos[0]
         return Job(
             plan=plan,

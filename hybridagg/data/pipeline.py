@@ -28,7 +28,6 @@ __all__ = [
     "LoaderStats",
     "Prefetcher",
     "close_prefetcher",
-    "counter_pieces",
     "generate",
 ]
 
@@ -150,14 +149,6 @@ class Job:
     dtype: np.dtype
     pinned: bool
     norm: tuple[np.ndarray, np.ndarray] | None
-
-
-def counter_pieces(plan: EpochPlan, counter: Any) -> Iterator[tuple[int, int, int]]:
-    while True:
-        g = counter.fetch_add()
-        if g >= plan.n_windows:
-            return
-        yield g, 0, plan.window_size(g)
 
 
 def _read_windows(job: Job, pool: queue.Queue | None) -> Iterator[tuple]:

@@ -295,6 +295,16 @@ class LocalCounter:
             self._next += 1
             return value
 
+    def read(self) -> int:
+        """The next chunk number, without taking it."""
+        with self._lock:
+            return self._next
+
+    def set(self, value: int) -> None:
+        """Continue from ``value``."""
+        with self._lock:
+            self._next = int(value)
+
     def free(self) -> None:
         """Nothing to free."""
 
@@ -305,7 +315,10 @@ class WindowCounter:
     ``fetch_add`` is ``MPI_Fetch_and_op(SUM)`` inside a passive-target
     ``Lock``/``Unlock`` epoch on rank 0's window: it completes without the
     target's participation, so a worker never waits for a busy peer, and no
-    rank has to serve requests. :meth:`reset` is collective.
+    rank has to serve requests. The counter is not reset between epochs
+    (value ``c`` is window ``c mod W`` of epoch ``c div W``, see
+    :mod:`hybridagg.data.position`), so no worker waits for another at an
+    epoch boundary. :meth:`set` is collective.
 
     Args:
         comm: A :class:`hybridagg.comm.Comm` over the workers (creating the
@@ -330,15 +343,35 @@ class WindowCounter:
         self.reset()
 
     def reset(self) -> None:
-        """Set the counter to 0 once every worker has stopped taking chunks (collective)."""
+        """Set the counter to 0 (collective)."""
+        self.set(0)
+
+    def set(self, value: int) -> None:
+        """Set the counter to ``value`` once every worker gets here (collective)."""
         MPI = self._mpi
-        self.comm.barrier(what="chunk counter reset (everyone done with the epoch)")
+        self.comm.barrier(what="chunk counter set (nobody is taking chunks)")
         if self.comm.rank == 0:
             with self._lock:
+                self._zero[0] = int(value)
                 self.win.Lock(0, MPI.LOCK_EXCLUSIVE)
                 self.win.Put([self._zero, 1, MPI.INT64_T], 0, 0)
                 self.win.Unlock(0)
-        self.comm.barrier(what="chunk counter reset")
+        self.comm.barrier(what="chunk counter set")
+
+    def read(self) -> int:
+        """The next chunk number, without taking it (no other worker takes part)."""
+        MPI = self._mpi
+        with self._lock:
+            self.win.Lock(0, MPI.LOCK_SHARED)
+            self.win.Fetch_and_op(
+                [self._one, 1, MPI.INT64_T],
+                [self._out, 1, MPI.INT64_T],
+                0,
+                0,
+                MPI.NO_OP,
+            )
+            self.win.Unlock(0)
+            return int(self._out[0])
 
     def fetch_add(self) -> int:
         """Atomically take the next chunk number."""

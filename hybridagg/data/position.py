@@ -1,0 +1,157 @@
+"""Where a loader with dynamic shares is in its data, and how it resumes (pure logic).
+
+Dynamic shares hand out *chunks* (windows) from one counter shared by all
+workers that runs across epochs: value ``c`` is window ``c mod W`` of epoch
+``c div W`` (``W`` windows per epoch). No worker ever waits for another at an
+epoch boundary: a worker whose draw falls into the next epoch keeps that
+chunk (the *stash*) for its next pass and ends its current one, while slower
+workers finish the chunks that remain. Every chunk of an epoch is still
+handed out exactly once.
+
+A checkpoint records, per worker and without any collective (groups in
+hybrid and async modes save at different moments): the pieces it holds but
+has not consumed, the counter values it has drawn recently, and the
+counter's value when it saved. On resume (:func:`merge_states`), chunks that
+some worker drew *after* its own snapshot but before the last worker's (so
+no snapshot accounts for them) are found as the gaps in ``[min counter, max
+counter)`` and handed out again; the counter continues from the maximum.
+Nothing is lost; a chunk is read twice only if a checkpoint's snapshots span
+more than an epoch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DynamicTrack",
+    "counter_pieces",
+    "merge_states",
+    "remaining_pieces",
+    "snapshot",
+]
+
+Piece = tuple[int, int, int]  # window, first row, end row (of its permutation)
+# (epoch, window, first row, end row); end -1: to the end of the window
+Carried = tuple[int, int, int, int]
+
+
+@dataclass
+class DynamicTrack:
+    """A worker's bookkeeping of the chunks it draws (shared with its reader thread)."""
+
+    n_windows: int
+    epoch: int = 0
+    stash: int | None = None
+    taken: list[int] = field(default_factory=list)
+    yielded: list[Piece] = field(default_factory=list)
+    carry: list[Carried] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begin a pass over ``epoch``; forget draws older than the epoch before."""
+        with self.lock:
+            self.epoch = int(epoch)
+            self.yielded = []
+            floor = (self.epoch - 1) * self.n_windows
+            self.taken = [c for c in self.taken if c >= floor]
+            self.carry = [c for c in self.carry if c[0] >= self.epoch]
+
+
+def _next_piece(track: DynamicTrack, plan: Any, counter: Any) -> Piece | None:
+    for i, (e, g, lo, hi) in enumerate(track.carry):
+        if e == track.epoch:
+            del track.carry[i]
+            return g, lo, plan.window_size(g) if hi < 0 else hi
+    if track.stash is not None:
+        e, g = divmod(track.stash, track.n_windows)
+        if e > track.epoch:
+            return None
+        track.stash = None
+        return g, 0, plan.window_size(g)
+    while True:
+        c = counter.fetch_add()
+        e, g = divmod(c, track.n_windows)
+        track.taken.append(c)
+        if e < track.epoch:
+            continue  # a chunk of an epoch this worker abandoned
+        if e > track.epoch:
+            track.stash = c
+            return None
+        return g, 0, plan.window_size(g)
+
+
+def counter_pieces(track: DynamicTrack, plan: Any, counter: Any) -> Iterator[Piece]:
+    """The pieces of ``track.epoch`` this worker reads: carried ones, then drawn ones."""
+    while True:
+        with track.lock:
+            piece = _next_piece(track, plan, counter)
+            if piece is None:
+                return
+            track.yielded.append(piece)
+        yield piece
+
+
+def remaining_pieces(pieces: Sequence[Piece], consumed: int) -> list[Piece]:
+    """``pieces`` without their first ``consumed`` rows."""
+    out = []
+    for g, lo, hi in pieces:
+        if consumed >= hi - lo:
+            consumed -= hi - lo
+            continue
+        out.append((g, lo + consumed, hi))
+        consumed = 0
+    return out
+
+
+def snapshot(track: DynamicTrack, consumed: int, counter_value: int) -> dict:
+    """This worker's position (call with ``track.lock`` held)."""
+    carry = [
+        (track.epoch, g, lo, hi)
+        for g, lo, hi in remaining_pieces(track.yielded, consumed)
+    ]
+    carry += list(track.carry)
+    if track.stash is not None:
+        e, g = divmod(track.stash, track.n_windows)
+        carry.append((e, g, 0, -1))
+    return {
+        "epoch": track.epoch,
+        "carry": carry,
+        "taken": sorted(set(track.taken)),
+        "counter": int(counter_value),
+        "n_windows": track.n_windows,
+    }
+
+
+def merge_states(states: Sequence[dict]) -> tuple[list[list[Carried]], list[int], int]:
+    """Every worker's carried pieces and epoch on resume, and the counter's value.
+
+    Args:
+        states: One :func:`snapshot` per worker (worker order).
+
+    Returns:
+        ``(carry per worker, epoch per worker, counter)``.
+
+    Raises:
+        ValueError: The states disagree on the number of windows.
+    """
+    if not states:
+        raise ValueError("no loader states to resume from")
+    windows = {int(s["n_windows"]) for s in states}
+    if len(windows) != 1:
+        raise ValueError(f"loader states disagree on the windows per epoch: {windows}")
+    nw = windows.pop()
+    top = max(int(s["counter"]) for s in states)
+    low = min(int(s["counter"]) for s in states)
+    seen = {int(c) for s in states for c in s["taken"]}
+    carry = [[tuple(int(v) for v in p) for p in s["carry"]] for s in states]
+    for i, c in enumerate(c for c in range(low, top) if c not in seen):
+        e, g = divmod(c, nw)
+        carry[i % len(states)].append((e, g, 0, -1))
+    epochs = []
+    for s, mine in zip(states, carry, strict=True):
+        epochs.append(min([int(s["epoch"])] + [p[0] for p in mine]))
+    return carry, epochs, top
