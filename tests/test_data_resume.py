@@ -78,11 +78,13 @@ def test_single_process_resume_continues_where_it_stopped(tmp_path, shares):
     assert sorted(ids) == list(range(500))
     if shares == "static":  # the same batches as an uninterrupted pass
         assert before + after == whole
-    with HDF5Loader(
-        path, **{**kw, "shares": "static" if shares == "dynamic" else "dynamic"}
-    ) as other:
-        with pytest.raises(ValueError, match="loader state is for"):
-            other.load_state_dict(state)
+    with (
+        HDF5Loader(
+            path, **{**kw, "shares": "static" if shares == "dynamic" else "dynamic"}
+        ) as other,
+        pytest.raises(ValueError, match="loader state is for"),
+    ):
+        other.load_state_dict(state)
 
 
 # ------------------------------------------------------------- under MPI
