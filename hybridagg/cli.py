@@ -8,6 +8,8 @@ Subcommands:
         after ``--timeout`` seconds.
     ``hybridagg convert --from digits|npz|npy|synthetic ... --out FILE.h5``
         write a data set in hybridagg's HDF5 format (train/val splits).
+    ``hybridagg train --data FILE.h5 --mode sync|hybrid|async ...``
+        train a model; launch on every rank (``mpiexec -n N hybridagg train``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     _add_convert_parser(sub)
+    from .train.options import add_arguments
+
+    train = sub.add_parser(
+        "train",
+        help="train a model (launch as: mpiexec -n N hybridagg train ...)",
+        description="Train a model on an HDF5 data set in sync, hybrid or async mode. "
+        "Launch on every rank: mpiexec -n N hybridagg train --data FILE.h5 ...",
+    )
+    add_arguments(train)
     return parser
 
 
@@ -199,6 +210,44 @@ def _add_convert_parser(sub) -> None:
 
 _COMMANDS = {"env": _cmd_env, "info": _cmd_info, "run": _cmd_run}
 _COMMANDS["convert"] = _cmd_convert
+
+
+def _launch_rank() -> int:
+    from .launchenv import launch_env
+
+    rank = launch_env().rank
+    return 0 if rank is None else rank
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
+    from .train.options import config_from_args
+
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:  # the same verdict on every rank, before MPI starts
+        if _launch_rank() == 0:
+            print(f"hybridagg train: error: {exc}", file=sys.stderr)
+        return 2
+    from .comm import RemoteError
+    from .train import train
+
+    try:
+        train(cfg)
+    except (ValueError, TypeError, OSError, RemoteError) as exc:
+        from mpi4py import MPI
+
+        agreed = str(exc).startswith("[rank ")  # raised on every rank by Comm.check
+        rank = MPI.COMM_WORLD.Get_rank()
+        if rank == 0 or not agreed:
+            print(f"hybridagg train: error: {exc}", file=sys.stderr, flush=True)
+        if not agreed:
+            MPI.COMM_WORLD.Abort(2)
+        return 2
+    return 0
+
+
+_COMMANDS["train"] = _cmd_train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,6 +115,13 @@ _DECLARED = [
         "leftover ranks can be found and killed after a timeout.",
     ),
     EnvVar(
+        "HYBRIDAGG_FAULT",
+        None,
+        "Fault injection for tests: 'checkpoint:N:R' makes rank R exit in the "
+        "middle of writing its part of checkpoint N.",
+        "tests",
+    ),
+    EnvVar(
         "HYBRIDAGG_TEST_RESULTS",
         None,
         "Test harness only: folder where each rank of a multi-rank test writes "

@@ -427,6 +427,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("pull_weights() needs mode='hybrid' or 'async'")
         return self._exchange.pull()
 
+    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hybrid/async, on a group leader: the servers' flat weights and buffers."""
+        if self._exchange is None:
+            raise ValueError("pull_state() needs mode='hybrid' or 'async'")
+        return self._exchange.pull_state()
+
     def finish(self, timeout: float | None = None) -> int | None:
         """End training on this worker; call once on every worker after the last step.
 

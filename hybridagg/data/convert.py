@@ -123,6 +123,9 @@ class _Moments:
         return mean.astype(np.float32), std.astype(np.float32)
 
 
+_MIN_BLOCKS = 128
+
+
 def _write(
     out: str | os.PathLike,
     n: int,
@@ -142,10 +145,15 @@ def _write(
     if out.is_dir():
         raise ValueError(f"output {out} is a directory; give a file name like data.h5")
     sample_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    block = block_samples or block_samples_for(sample_bytes, DEFAULT_BLOCK_BYTES)
+    train_idx, val_idx = split_indices(n, val_fraction, seed)
+    # About 1 MiB per block, but at least _MIN_BLOCKS blocks in a small data
+    # set, so dynamic shares and the block shuffle have units to work with.
+    block = block_samples or min(
+        block_samples_for(sample_bytes, DEFAULT_BLOCK_BYTES),
+        max(16, -(-len(train_idx) // _MIN_BLOCKS)),
+    )
     if block < 1:
         raise ValueError(f"block_samples must be >= 1, got {block}")
-    train_idx, val_idx = split_indices(n, val_fraction, seed)
     step = max(block, (_COPY_BYTES // max(sample_bytes, 1)) // block * block)
     bar = _progress(n, out.name, progress)
     tmp = out.with_name(out.name + ".partial")

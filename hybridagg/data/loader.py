@@ -427,6 +427,13 @@ class HDF5Loader:
             [(0, plan_total)], self.batch_sizes, drop_last=self.drop_last
         )[1]
 
+    @property
+    def windows_per_epoch(self) -> int:
+        """Chunks (windows) of one epoch."""
+        return EpochPlan(
+            self.lengths, self.block_samples, self.window_blocks, self.seed, 0
+        ).n_windows
+
     def __len__(self) -> int:
         steps = self.steps_per_epoch
         if steps is None:

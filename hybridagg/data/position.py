@@ -144,13 +144,17 @@ def merge_states(states: Sequence[dict]) -> tuple[list[list[Carried]], list[int]
     if len(windows) != 1:
         raise ValueError(f"loader states disagree on the windows per epoch: {windows}")
     nw = windows.pop()
-    top = max(int(s["counter"]) for s in states)
-    low = min(int(s["counter"]) for s in states)
-    seen = {int(c) for s in states for c in s["taken"]}
+    # a worker that had finished training saved nothing (counter None)
+    active = [i for i, s in enumerate(states) if s["counter"] is not None]
     carry = [[tuple(int(v) for v in p) for p in s["carry"]] for s in states]
-    for i, c in enumerate(c for c in range(low, top) if c not in seen):
+    if not active:
+        return carry, [int(s["epoch"]) for s in states], 0
+    top = max(int(states[i]["counter"]) for i in active)
+    low = min(int(states[i]["counter"]) for i in active)
+    seen = {int(c) for s in states for c in s["taken"]}
+    for k, c in enumerate(c for c in range(low, top) if c not in seen):
         e, g = divmod(c, nw)
-        carry[i % len(states)].append((e, g, 0, -1))
+        carry[active[k % len(active)]].append((e, g, 0, -1))
     epochs = []
     for s, mine in zip(states, carry, strict=True):
         epochs.append(min([int(s["epoch"])] + [p[0] for p in mine]))

@@ -242,6 +242,15 @@ class GroupExchange:
                     b.copy_(self.bbuf[offset : offset + n].view_as(b))
                     offset += n
 
+    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """On a leader: the servers' weights and buffers, flat (copies).
+
+        Does not change the model.
+        """
+        weights = self.pull()
+        buffers = self.client.flat_buffers
+        return weights, None if buffers is None else buffers.clone()
+
     def pull(self) -> torch.Tensor:
         """On a leader: the servers' current weights as one flat tensor (a copy).
 

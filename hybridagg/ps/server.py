@@ -453,6 +453,7 @@ def serve(
     on_commit: Callable[[int], None] | None = None,
     stop_requested: Callable[[], bool] | None = None,
     restore: dict | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -469,6 +470,8 @@ def serve(
         stop_requested: Server 0: polled; true makes every group stop after
             a final checkpoint (e.g. set by a SIGTERM handler).
         restore: A ``state`` this server saved before: continue from it.
+        on_ready: Called once the server holds its shard, before it serves
+            (the training driver starts its clock there).
 
     Returns:
         This server's statistics.
@@ -489,4 +492,6 @@ def serve(
         stop_requested,
         restore,
     )
+    if on_ready is not None:
+        on_ready()
     return server.run()
