@@ -106,6 +106,11 @@ class Checkpointer:
         self._prune(number)
         return final
 
+    def remove_stale(self) -> None:
+        """Remove staging directories left by a run that was killed (call before writing)."""
+        for stage in self.root.glob(".staging-*"):
+            shutil.rmtree(stage, ignore_errors=True)
+
     def _prune(self, newest: int) -> None:
         done = sorted(self.root.glob("ckpt-*"))
         for old in done[:-_KEEP]:

@@ -128,6 +128,8 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
         err = exc
     world.check(err, what="--slowdown")
     resume, manifest = _find_resume(cfg, topo)
+    if cfg.checkpoint and world.rank == 0:
+        Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
     if topo.is_server:
         return _Server(cfg, topo, resume, stop).run()
     return _Worker(cfg, topo, resume, manifest, stop).run()

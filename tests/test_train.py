@@ -1,0 +1,404 @@
+"""``hybridagg train``: options, models, emulation, metrics, checkpoints, end to end."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from train_helpers import output, run_train, summary
+
+from hybridagg.slowdown import parse_slowdown
+from hybridagg.train.checkpoint import Checkpointer, latest_checkpoint, load_part
+from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
+from hybridagg.train.metrics import (
+    MetricsWriter,
+    format_table,
+    merge_parts,
+    summary_row,
+)
+from hybridagg.train.models import build_model, image_shape
+from hybridagg.train.options import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from hybridagg.data import convert_digits
+
+    path = tmp_path_factory.mktemp("data") / "digits.h5"
+    convert_digits(path, val_fraction=0.2, seed=0, progress=False)
+    return str(path)
+
+
+# ------------------------------------------------------------------ pure logic
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"mode": "ring"}, "--mode must be one of"),
+        ({"mode": "sync", "servers": 1}, "uses no parameter servers"),
+        ({"mode": "hybrid", "servers": 0}, "needs --servers 1 or more"),
+        ({"mode": "async", "groups": "0-1,2-3"}, "own group"),
+        ({"model": "vgg"}, "unknown --model"),
+        ({"optimizer": "lamb"}, "--optimizer must be one of"),
+        ({"lr": 0}, "--lr must be positive"),
+        ({"batch_size": 0}, "--batch-size must be >= 1"),
+        ({"target_accuracy": 90}, "fraction in"),
+        ({"slowdown": "0-1:fast"}, "slowdown factor"),
+        ({"checkpoint_every": 5}, "need --checkpoint DIR"),
+        ({"mode": "sync", "overlap": True}, "need --mode hybrid or async"),
+    ],
+)
+def test_bad_options_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(data="x.h5", **kw)
+
+
+def test_defaults_by_mode():
+    assert TrainConfig(data="x").group_spec == "world"
+    assert TrainConfig(data="x", mode="hybrid").num_servers == 1
+    assert TrainConfig(data="x", mode="async").group_spec == "each"
+    assert TrainConfig(data="x").max_epochs == 1
+    assert TrainConfig(data="x", steps=5).max_epochs is None
+
+
+def test_ideal_throughput_follows_the_schedule():
+    sd = parse_slowdown("0-1:1,2-3:4")
+    assert ideal_samples_per_sec(sd, 4, 1.0, 10.0) == pytest.approx(2 * 1000 + 2 * 250)
+    changing = parse_slowdown("0-1:1,2-3:4@0;0-1:4,2-3:1@5")
+    assert ideal_samples_per_sec(changing, 4, 1.0, 10.0) == pytest.approx(2500)
+    # half the run with every rank at 1x, half with ranks 0-1 at 2x
+    half = parse_slowdown("0:1@0;0-1:2@5")
+    assert ideal_samples_per_sec(half, 2, 1.0, 10.0) == pytest.approx((2000 + 1000) / 2)
+
+
+def test_pacer_sleeps_out_the_emulated_step():
+    pacer = Pacer(parse_slowdown("1:3"), 1, 2.0, time.perf_counter())
+    assert pacer.target(10, 0.001) == pytest.approx(0.06)
+    t0 = time.perf_counter()
+    slept = pacer.pace(5, 0.01)  # 2 ms x 5 x 3 = 30 ms, 10 ms of it computed
+    assert slept == pytest.approx(0.02)
+    assert time.perf_counter() - t0 >= 0.019
+    plain = Pacer(parse_slowdown("0:2"), 0, 0.0, time.perf_counter())
+    assert plain.target(100, 0.01) == pytest.approx(0.02)  # no base: stretch compute
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+@pytest.mark.parametrize("shape", [(64,), (3, 16, 16)])
+def test_zoo_models_map_samples_to_logits(name, shape):
+    model = build_model(name, shape, 7)
+    assert model(torch.randn(5, *shape)).shape == (5, 7)
+
+
+def test_user_factory_and_bad_names(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "def tiny(sample_shape, num_classes):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), "
+        "torch.nn.Linear(sample_shape[0], num_classes))\n"
+        "def notamodel():\n    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert build_model("mymodels:tiny", (4,), 2)(torch.randn(1, 4)).shape == (1, 2)
+    with pytest.raises(ValueError, match="not a Module"):
+        build_model("mymodels:notamodel", (4,), 2)
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        build_model("mymodels:missing", (4,), 2)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("vgg", (4,), 2)
+    with pytest.raises(ValueError, match="not a square image"):
+        image_shape((10,))
+
+
+def test_metrics_parts_merge_in_time_order(tmp_path):
+    path = tmp_path / "m.jsonl"
+    a, b = MetricsWriter(path, 0), MetricsWriter(path, 1)
+    a.write("step", t=0.2)
+    b.write("step", t=0.1)
+    a.write("eval", t=0.3, accuracy=0.9)
+    a.close()
+    b.close()
+    assert merge_parts(path, 2) == 3
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["rank"], r["event"]) for r in recs] == [
+        (1, "step"),
+        (0, "step"),
+        (0, "eval"),
+    ]
+    assert not list(tmp_path.glob("m.jsonl.rank-*"))
+    row = summary_row({"mode": "sync", "samples_per_sec": 10.0, "steps": 3})
+    table = format_table([row])
+    assert "| sync |" in table.replace("  ", " ") and "10.0" in table
+
+
+def test_checkpoint_commit_is_atomic_and_stale_parts_go(tmp_path):
+    ck0, ck1 = Checkpointer(tmp_path, 0), Checkpointer(tmp_path, 1)
+    assert latest_checkpoint(tmp_path) is None
+    for n in (1, 2, 3):
+        ck0.write(n, {"x": torch.tensor([n])})
+        ck1.write(n, {"x": torch.tensor([10 * n])})
+        ck0.commit(n, {"mode": "sync"})
+    ck1.write(4, {"x": torch.tensor([40])})  # the job dies before the commit
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "ckpt-000003"
+    assert load_part(latest, 1)["x"].item() == 30
+    assert load_part(latest, 7) is None
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
+        "ckpt-000002",
+        "ckpt-000003",
+    ]
+    ck0.remove_stale()
+    assert not list(tmp_path.glob(".staging-*"))
+    (latest / "rank-00000.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        load_part(latest, 0)
+
+
+# ------------------------------------------------------------- end to end
+@pytest.mark.parametrize(
+    "nranks,mode",
+    [
+        (3, ["--mode", "sync"]),
+        (5, ["--mode", "hybrid", "--groups", "0-1,2-3"]),
+        (4, ["--mode", "async", "--servers", "1"]),
+    ],
+)
+def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
+    out = tmp_path / "summary.json"
+    metrics = tmp_path / "metrics.jsonl"
+    result = run_train(
+        nranks,
+        [
+            "--data",
+            digits,
+            *mode,
+            "--epochs",
+            "6",
+            "--lr",
+            "0.05",
+            "--no-progress",
+            "--slowdown",
+            "0:1,1:2",
+            "--sample-ms",
+            "0.2",
+            "--target-accuracy",
+            "0.85",
+            "--eval-every",
+            "10",
+            "--summary",
+            str(out),
+            "--metrics",
+            str(metrics),
+        ],
+    )
+    assert result.returncode == 0, output(result)[-3000:]
+    s = summary(out)
+    assert s["final_accuracy"] >= 0.9, s
+    assert s["time_to_target_s"] is not None and s["time_to_target_s"] <= s["wall_s"]
+    assert s["epochs"] == 6 and s["samples"] > 0
+    assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in recs if r["event"] == "step"]
+    workers = s["workers"]
+    assert {r["rank"] for r in steps} == set(range(workers))
+    # every training sample is seen once per epoch, summed over the workers
+    assert sum(r["batch"] for r in steps) == s["samples"] == 6 * 1438
+    assert any(r["event"] == "eval" and r.get("final") for r in recs)
+
+
+def test_kill_during_a_checkpoint_then_resume_matches_an_uninterrupted_run(
+    digits, tmp_path
+):
+    args = [
+        "--data",
+        digits,
+        "--steps",
+        "30",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        "--lr",
+        "0.05",
+        "--checkpoint-every",
+        "10",
+    ]
+    whole = run_train(3, [*args, "--checkpoint", str(tmp_path / "a")])
+    assert whole.returncode == 0, output(whole)[-2000:]
+    crashed = run_train(
+        3,
+        [*args, "--checkpoint", str(tmp_path / "b")],
+        env={"HYBRIDAGG_FAULT": "checkpoint:2:1"},
+    )
+    assert crashed.returncode != 0
+    # the checkpoint before the crash is whole and the one being written is not published
+    assert latest_checkpoint(tmp_path / "b").name == "ckpt-000001"
+    assert load_part(latest_checkpoint(tmp_path / "b"), 0)["updates"] == 10
+    resumed = run_train(3, [*args, "--checkpoint", str(tmp_path / "b"), "--resume"])
+    assert resumed.returncode == 0, output(resumed)[-2000:]
+    a = load_part(latest_checkpoint(tmp_path / "a"), 0)
+    b = load_part(latest_checkpoint(tmp_path / "b"), 0)
+    assert a["updates"] == b["updates"] == 30
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_hybrid_resumes_from_the_servers_checkpoint(digits, tmp_path):
+    ck = str(tmp_path / "ck")
+    args = [
+        "--data",
+        digits,
+        "--mode",
+        "hybrid",
+        "--groups",
+        "0-1,2-3",
+        "--steps",
+        "60",
+        "--no-progress",
+        "--checkpoint",
+        ck,
+        "--checkpoint-every",
+        "20",
+        "--summary",
+        str(tmp_path / "s.json"),
+    ]
+    crashed = run_train(5, args, env={"HYBRIDAGG_FAULT": "checkpoint:2:3"})
+    assert crashed.returncode != 0
+    first = latest_checkpoint(ck)
+    assert first.name == "ckpt-000001"
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["version"] >= 20 and manifest["groups"] == [[0, 1], [2, 3]]
+    assert load_part(first, 4)["server"]["version"] == manifest["version"]
+    resumed = run_train(5, [*args, "--resume"])
+    assert resumed.returncode == 0, output(resumed)[-2000:]
+    s = summary(tmp_path / "s.json")
+    assert s["resumed_from"].endswith("ckpt-000001")
+    assert s["steps"] >= 60 and s["final_accuracy"] > 0.5  # chance is 0.1
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--model", "vgg"], "unknown --model"),
+        (["--mode", "sync", "--servers", "1"], "uses no parameter servers"),
+        (["--groups", "0-0,0-1"], "in group 0 and group 1"),
+        (["--slowdown", "0-5:2"], "slowdown names ranks"),
+        (["--data", "/nonexistent/d.h5"], "No such file|does not exist|not found"),
+    ],
+)
+def test_bad_input_stops_every_rank_with_one_message(digits, args, match):
+    full = ["--data", digits, "--no-progress", "--steps", "3", *args]
+    if "--data" in args:
+        full = ["--no-progress", "--steps", "3", *args]
+    result = run_train(2, full, timeout=90)
+    text = output(result)
+    assert result.returncode != 0
+    assert "Traceback" not in text, text[-3000:]
+    import re
+
+    assert re.search(match, text), text[-3000:]
+    assert text.count("hybridagg train: error:") == 1, text[-3000:]
+
+
+def test_broken_data_file_and_checkpoint_of_another_model(digits, tmp_path):
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(open(digits, "rb").read()[:5000])
+    result = run_train(2, ["--data", str(broken), "--no-progress", "--steps", "2"])
+    assert result.returncode != 0 and "Traceback" not in output(result)
+    assert "broken.h5" in output(result)
+    ck = str(tmp_path / "ck")
+    ok = run_train(
+        2, ["--data", digits, "--no-progress", "--steps", "2", "--checkpoint", ck]
+    )
+    assert ok.returncode == 0, output(ok)[-2000:]
+    other = run_train(
+        2,
+        [
+            "--data",
+            digits,
+            "--no-progress",
+            "--steps",
+            "4",
+            "--checkpoint",
+            ck,
+            "--resume",
+            "--model",
+            "cnn",
+        ],
+    )
+    assert other.returncode != 0
+    assert "was written by a run with model='mlp'" in output(other), output(other)[
+        -2000:
+    ]
+
+
+def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
+    """What Slurm's --signal does before a time limit."""
+    from hybridagg import runner
+
+    ck = tmp_path / "ck"
+    argv = runner.mpiexec_argv(
+        3,
+        [
+            sys.executable,
+            "-m",
+            "hybridagg.cli",
+            "train",
+            "--data",
+            digits,
+            "--steps",
+            "100000",
+            "--sample-ms",
+            "1",
+            "--no-progress",
+            "--checkpoint",
+            str(ck),
+            "--summary",
+            str(tmp_path / "s.json"),
+        ],
+    )
+    env = runner.mpiexec_env()
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        ranks = []
+        while time.monotonic() < deadline and len(ranks) < 3:
+            time.sleep(0.5)
+            ranks = [
+                int(p)
+                for p in subprocess.run(
+                    ["pgrep", "-f", f"hybridagg.cli train --data {digits}"],
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+                if int(p) != proc.pid
+            ]
+            ranks = [p for p in ranks if _parent(p) != os.getpid()]
+        time.sleep(4)  # let training start
+        for pid in ranks:
+            os.kill(pid, signal.SIGUSR1)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, text[-3000:]
+    latest = latest_checkpoint(ck)
+    s = summary(tmp_path / "s.json")
+    assert latest is not None and 0 < s["steps"] < 100000
+    assert load_part(latest, 0)["updates"] == s["steps"]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
