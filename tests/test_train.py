@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -303,7 +304,7 @@ def test_bad_input_stops_every_rank_with_one_message(digits, args, match):
 
 def test_broken_data_file_and_checkpoint_of_another_model(digits, tmp_path):
     broken = tmp_path / "broken.h5"
-    broken.write_bytes(open(digits, "rb").read()[:5000])
+    broken.write_bytes(Path(digits).read_bytes()[:5000])
     result = run_train(2, ["--data", str(broken), "--no-progress", "--steps", "2"])
     assert result.returncode != 0 and "Traceback" not in output(result)
     assert "broken.h5" in output(result)
