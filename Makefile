@@ -28,9 +28,9 @@ $(STAMP): setup.py pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	touch $@
 
+# sync against hybrid on digits, workers 2-3 four times slower (about a minute)
 demo: $(STAMP)
-	$(VENV)/bin/hybridagg info
-	$(VENV)/bin/hybridagg run -n 4 --timeout 600 -- $(PY) examples/comm_demo.py
+	$(PY) examples/demo.py --data runs/digits.h5 --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
