@@ -204,6 +204,7 @@ class _Server:
         }
         world.allgather_obj(report, what="run report")
         world.barrier(what="metrics written")
+        topo.comms.free()
         return None
 
 
@@ -570,6 +571,7 @@ class _Worker:
         reports = world.allgather_obj(mine, what="run report")
         self.metrics.close()
         world.barrier(what="metrics written")
+        topo.comms.free()
         if self.rank != 0:
             return None
         if cfg.metrics:

@@ -1,0 +1,175 @@
+"""The outside baseline of ``bench/hetero.py``: PyTorch DDP (gloo) on the same job.
+
+Run under MPI like ``hybridagg train`` (``mpiexec -n 4 python bench/ddp_train.py
+--data digits.h5 ...``). Everything but the aggregation is hybridagg's, so the
+comparison is of aggregation alone: the same model zoo, the same HDF5 loader
+with static shares, the same emulated heterogeneity (``--slowdown``,
+``--sample-ms``), the same learning-rate rule (``--lr`` per worker's batch,
+scaled linearly by the samples of an update: DDP averages over the workers,
+so the rate is multiplied by their number), the same validation on rank 0
+and the same summary keys. DDP all-reduces inside ``backward()``, so a step's
+emulated compute is slept between forward and backward: the target minus the
+forward time and an estimate of the backward compute (twice the forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from hybridagg.comm import Comm, configure_threads
+from hybridagg.data import HDF5Loader
+from hybridagg.data.loader import load_split_info
+from hybridagg.slowdown import parse_slowdown
+from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
+from hybridagg.train.evaluate import Evaluator
+from hybridagg.train.models import build_model
+from hybridagg.train.options import TrainConfig
+
+
+def init_gloo(comm: Comm) -> None:
+    addr = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            addr = (socket.gethostname(), s.getsockname()[1])
+    host, port = comm.bcast_obj(addr, 0, what="gloo address")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size
+    )
+
+
+def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
+    """One DDP run; returns the summary on rank 0."""
+    rank, n = comm.rank, comm.size
+    torch.manual_seed(cfg.seed)
+    info = load_split_info([cfg.data], "train")[0]
+    model = build_model(cfg.model, info.sample_shape, info.num_classes)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr * n, momentum=cfg.momentum)
+    blocks = -(-info.length // info.block_samples)
+    loader = HDF5Loader(
+        cfg.data,
+        batch_size=cfg.batch_size,
+        comm=comm,
+        seed=cfg.seed,
+        normalize=True,
+        window_blocks=max(1, min(8, blocks // (8 * n))),
+    )
+    evaluator = Evaluator(cfg, model, torch.device("cpu")) if rank == 0 else None
+    slowdown = parse_slowdown(cfg.slowdown)
+    comm.barrier(what="start")
+    start = time.perf_counter()
+    pacer = Pacer(slowdown, rank, cfg.sample_ms, start)
+    samples, updates, evals_s, first, bucket, accuracy = 0, 0, 0.0, None, 0, None
+    epochs = cfg.max_epochs or 1
+    for _ in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            t0 = time.perf_counter()
+            out = ddp(x)
+            if len(y):
+                loss = torch.nn.functional.cross_entropy(out, y)
+            else:  # a worker whose static share ran out joins with zeros
+                loss = out.sum() * 0.0
+            forward = time.perf_counter() - t0
+            pacer.pace(len(y), 3 * forward)  # sleep the rest of the emulated compute
+            loss.backward()  # DDP's all-reduce (an empty share still joins with 0s)
+            opt.step()
+            samples += len(y)
+            updates += 1
+            if rank == 0 and updates // cfg.eval_every > bucket:
+                bucket = updates // cfg.eval_every
+                e0 = time.perf_counter()
+                accuracy, _ = evaluator.evaluate(model)
+                evals_s += time.perf_counter() - e0
+                train_time = time.perf_counter() - start - evals_s
+                target = cfg.target_accuracy
+                if target is not None and accuracy >= target and first is None:
+                    first = train_time
+    end = time.perf_counter() - start
+    loader.close()
+    reports = comm.allgather_obj((samples, end), what="report")
+    if rank == 0:
+        accuracy, _ = evaluator.evaluate(model)
+        evaluator.close()
+    if rank != 0:
+        return None
+    wall = max(w for _, w in reports)
+    total = sum(s for s, _ in reports)
+    ideal = (
+        ideal_samples_per_sec(slowdown, n, cfg.sample_ms, wall)
+        if cfg.sample_ms
+        else None
+    )
+    return {
+        "mode": "ddp",
+        "world_size": n,
+        "workers": n,
+        "groups": [list(range(n))],
+        "servers": 0,
+        "samples": total,
+        "samples_per_sec": total / wall,
+        "ideal_samples_per_sec": ideal,
+        "efficiency": (total / wall) / ideal if ideal else None,
+        "wall_s": wall,
+        "time_to_target_s": first,
+        "target_accuracy": cfg.target_accuracy,
+        "final_accuracy": accuracy,
+        "steps": updates,
+        "stall_fraction": None,
+        "mean_staleness": 0.0,
+        "seed": cfg.seed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--target-accuracy", type=float)
+    p.add_argument("--slowdown")
+    p.add_argument("--sample-ms", type=float, default=0.0)
+    p.add_argument("--seeds", default="0", help="comma-separated: one run per seed")
+    p.add_argument("--summary", help="JSON list of the runs' summaries (rank 0)")
+    args = p.parse_args(argv)
+    configure_threads()
+    comm = Comm(MPI.COMM_WORLD, name="ddp")
+    init_gloo(comm)
+    out = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        cfg = TrainConfig(
+            data=args.data,
+            model=args.model,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            eval_every=args.eval_every,
+            target_accuracy=args.target_accuracy,
+            slowdown=args.slowdown,
+            sample_ms=args.sample_ms,
+            seed=seed,
+        )
+        summary = train_ddp(cfg, comm)
+        if summary is not None:
+            out.append(summary)
+    if comm.rank == 0 and args.summary:
+        Path(args.summary).write_text(json.dumps(out, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""The headline experiment: time to accuracy on a heterogeneous 4-worker job.
+
+One command runs every cell (it starts the MPI jobs itself)::
+
+    python bench/hetero.py --json hetero.json --md hetero.md --png hetero.png
+
+Like OmniLearn's set-ups, two of four workers are 1x, 2x, 4x and 8x slower
+than the other two (``--slowdown 0-1:1,2-3:F``, emulated by sleeping with
+``--sample-ms``), plus a level whose heterogeneity changes mid-run (the slow
+pair turns fast and the fast pair slow after ``--change-at`` seconds). Every
+level is trained by every mode on the same data, model, seeds and emulation:
+
+* ``sync``: hybridagg, one all-reduce over the 4 workers per step;
+* ``hybrid``: groups {0,1} and {2,3} plus 1 parameter server (5 ranks);
+* ``async``: every worker its own group plus 1 server (5 ranks);
+* ``ddp``: PyTorch DistributedDataParallel with gloo (``bench/ddp_train.py``),
+  the outside baseline: hybridagg's ``sync`` should match it;
+* ``*+adaptive``: the same with adaptive batch sizes (``--adaptive-batch``).
+
+Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
+start-up of an MPI job with torch costs seconds). Reported per cell: median
+and range over seeds of the time to ``--target-accuracy`` (training time,
+validation excluded), samples/s (the true sum over workers), efficiency
+against the ideal throughput (``sum 1000 / (MS x factor)``) and final
+accuracy; ``--json`` has one record per (mode, level, seed) with the
+summary keys of ``hybridagg train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+MODES = {
+    "sync": (4, ["--mode", "sync"]),
+    "hybrid": (5, ["--mode", "hybrid", "--groups", "0-1,2-3", "--servers", "1"]),
+    "async": (5, ["--mode", "async", "--servers", "1"]),
+    "ddp": (4, []),
+    "sync+adaptive": (4, ["--mode", "sync", "--adaptive-batch"]),
+    "hybrid+adaptive": (
+        5,
+        [
+            "--mode",
+            "hybrid",
+            "--groups",
+            "0-1,2-3",
+            "--servers",
+            "1",
+            "--adaptive-batch",
+        ],
+    ),
+    "async+adaptive": (5, ["--mode", "async", "--servers", "1", "--adaptive-batch"]),
+}
+
+
+def level_spec(level: str, change_at: float) -> str:
+    """The ``--slowdown`` of a level: ``4`` (workers 2-3 four times slower) or ``change``."""
+    if level == "change":
+        return f"0-1:1,2-3:4@0;0-1:4,2-3:1@{change_at:g}"
+    factor = float(level)
+    return f"0-1:1,2-3:{factor:g}"
+
+
+# ------------------------------------------------------------ inside the MPI job
+def inner(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from hybridagg.cli import build_parser
+    from hybridagg.train import train
+    from hybridagg.train.options import config_from_args
+
+    out = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        argv = ["train", *args.train_args, "--seed", str(seed)]
+        cfg = config_from_args(build_parser().parse_args(argv))
+        summary = train(cfg)
+        if summary is not None:
+            out.append(summary)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+# ------------------------------------------------------------ the driver
+def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
+    from hybridagg import runner
+
+    nranks, extra = MODES[mode]
+    common = [
+        "--data",
+        args.data,
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        str(args.lr),
+        "--batch-size",
+        str(args.batch_size),
+        "--slowdown",
+        level_spec(level, args.change_at),
+        "--sample-ms",
+        str(args.sample_ms),
+        "--target-accuracy",
+        str(args.target_accuracy),
+        "--eval-every",
+        str(args.eval_every),
+    ]
+    out = tmp / f"{mode}-{level}.json".replace("+", "_")
+    seeds = ",".join(str(s) for s in range(args.seeds))
+    if mode == "ddp":
+        cmd = [
+            sys.executable,
+            str(HERE.parent / "ddp_train.py"),
+            *common,
+            "--seeds",
+            seeds,
+            "--summary",
+            str(out),
+        ]
+    else:
+        cmd = [
+            sys.executable,
+            str(HERE),
+            "--inner",
+            "--seeds",
+            seeds,
+            "--out",
+            str(out),
+            "--",
+            *common,
+            *extra,
+            "--no-progress",
+        ]
+    result = runner.run_job(
+        runner.mpiexec_argv(nranks, cmd), timeout=args.timeout, env=runner.mpiexec_env()
+    )
+    if result.returncode != 0 or not out.exists():
+        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"hetero: {mode} at level {level} failed")
+    records = json.loads(out.read_text())
+    for seed, rec in enumerate(records):
+        rec.update({"mode": mode, "level": level, "seed": seed})
+    return records
+
+
+def _median_range(
+    values: list[float | None],
+) -> tuple[float | None, float | None, float | None]:
+    got = [v for v in values if v is not None]
+    if not got:
+        return None, None, None
+    return statistics.median(got), min(got), max(got)
+
+
+def cells(records: list[dict]) -> list[dict]:
+    """Median and range per (level, mode), and the cut against sync."""
+    out = []
+    levels = list(dict.fromkeys(r["level"] for r in records))
+    modes = list(dict.fromkeys(r["mode"] for r in records))
+    for level in levels:
+        sync_t = None
+        for mode in modes:
+            rs = [r for r in records if r["level"] == level and r["mode"] == mode]
+            if not rs:
+                continue
+            t = _median_range([r["time_to_target_s"] for r in rs])
+            if mode == "sync":
+                sync_t = t[0]
+            reached = sum(r["time_to_target_s"] is not None for r in rs)
+            out.append(
+                {
+                    "level": level,
+                    "mode": mode,
+                    "runs": len(rs),
+                    "reached": reached,
+                    "ttt": t,
+                    "samples_per_sec": _median_range(
+                        [r["samples_per_sec"] for r in rs]
+                    ),
+                    "efficiency": _median_range([r.get("efficiency") for r in rs]),
+                    "final_accuracy": _median_range([r["final_accuracy"] for r in rs]),
+                    "staleness": _median_range([r.get("mean_staleness") for r in rs]),
+                }
+            )
+        for cell in out:
+            if cell["level"] == level:
+                med = cell["ttt"][0]
+                cell["cut_vs_sync"] = (
+                    1 - med / sync_t if (med is not None and sync_t) else None
+                )
+    return out
+
+
+def markdown(rows: list[dict], target: float) -> str:
+    def fmt(triple, spec):
+        med, lo, hi = triple
+        if med is None:
+            return "-"
+        return f"{format(med, spec)} [{format(lo, spec)}-{format(hi, spec)}]"
+
+    head = (
+        f"| level | mode | time to {target:g} (s), median [range] | cut vs sync | "
+        "samples/s | efficiency | final accuracy | staleness |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for c in rows:
+        cut = "-" if c.get("cut_vs_sync") is None else f"{100 * c['cut_vs_sync']:.0f}%"
+        reached = (
+            ""
+            if c["reached"] == c["runs"]
+            else f" ({c['reached']}/{c['runs']} reached)"
+        )
+        level = "changing" if c["level"] == "change" else f"{c['level']}x"
+        lines.append(
+            f"| {level} | {c['mode']} | {fmt(c['ttt'], '.2f')}{reached} | {cut} | "
+            f"{fmt(c['samples_per_sec'], '.0f')} | {fmt(c['efficiency'], '.2f')} | "
+            f"{fmt(c['final_accuracy'], '.3f')} | {fmt(c['staleness'], '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = list(dict.fromkeys(c["level"] for c in rows))
+    modes = list(dict.fromkeys(c["mode"] for c in rows))
+    labels = ["changing" if lv == "change" else f"{lv}x" for lv in levels]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode in modes:
+        xs, ys, lo, hi, eff = [], [], [], [], []
+        for i, level in enumerate(levels):
+            cell = next(
+                (c for c in rows if c["level"] == level and c["mode"] == mode), None
+            )
+            if cell is None or cell["ttt"][0] is None:
+                continue
+            med, a, b = cell["ttt"]
+            xs.append(i)
+            ys.append(med)
+            lo.append(med - a)
+            hi.append(b - med)
+            eff.append(cell["efficiency"][0] or 0.0)
+        style = "--" if "adaptive" in mode else "-"
+        axes[0].errorbar(
+            xs, ys, yerr=[lo, hi], marker="o", ls=style, capsize=3, label=mode
+        )
+        axes[1].plot(xs, eff, marker="o", ls=style, label=mode)
+    for ax in axes:
+        ax.set_xticks(range(len(levels)), labels)
+        ax.set_xlabel("slowdown of workers 2-3")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"time to {target:g} accuracy (s, median, range)")
+    axes[1].set_ylabel("throughput / ideal")
+    axes[1].set_ylim(0, 1.05)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("hybridagg on 4 workers, 2 of them slower (digits, MLP)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("train_args", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--data", default="runs/digits.h5")
+    p.add_argument("--levels", default="1,2,4,8,change")
+    p.add_argument("--modes", default="sync,hybrid,async,ddp")
+    p.add_argument("--seeds", default="5", help="seeds per cell (inner: the list)")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--sample-ms", type=float, default=1.0)
+    p.add_argument("--target-accuracy", type=float, default=0.9)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument(
+        "--change-at",
+        type=float,
+        default=3.0,
+        help="seconds into training when the 'change' level swaps the slow pair",
+    )
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json")
+    p.add_argument("--md")
+    p.add_argument("--png")
+    args = p.parse_args(argv)
+    if args.inner:
+        return inner(args)
+    args.seeds = int(args.seeds)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(
+            f"unknown --modes {sorted(unknown)}; choose from {list(MODES)}"
+        )
+    if not Path(args.data).exists():
+        from hybridagg.data import convert_digits
+
+        Path(args.data).parent.mkdir(parents=True, exist_ok=True)
+        convert_digits(args.data, val_fraction=0.2, seed=0, progress=False)
+    records: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for level in args.levels.split(","):
+            for mode in modes:
+                got = run_cell(mode, level, args, Path(tmp))
+                records += got
+                ttt = [r["time_to_target_s"] for r in got]
+                print(f"# level {level:>6} {mode:<16} time to target {ttt}", flush=True)
+    rows = cells(records)
+    table = markdown(rows, args.target_accuracy)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.md:
+        Path(args.md).write_text(table + "\n")
+    if args.png:
+        plot(rows, args.png, args.target_accuracy)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
