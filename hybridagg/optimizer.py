@@ -89,6 +89,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             :attr:`should_stop` turns true on every worker.
         overlap: Hybrid/async: overlap the leader's exchange with the
             group's next step (each update then at least one version stale).
+        server_batching: Hybrid/async: server 0 sizes each group's batch
+            from the times leaders :meth:`report` (OmniLearn's controller,
+            :mod:`hybridagg.batching`); the advice arrives as
+            :attr:`batch_advice`. Keys: ``initial`` (each group's batch),
+            ``deadband``, ``smoothing``, ``window``, ``min_batch``,
+            ``max_group_batch``.
 
     Raises:
         TypeError: ``optimizer`` or ``topology`` is of the wrong kind.
@@ -110,6 +116,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         staleness_bound: int | None = None,
         max_updates: int | None = None,
         overlap: bool = False,
+        server_batching: dict | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -189,6 +196,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 staleness_bound,
                 max_updates,
                 overlap,
+                server_batching,
             )
 
     # --- wiring --------------------------------------------------------------

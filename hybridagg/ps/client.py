@@ -44,6 +44,9 @@ class PSClient:
             leader; default ``HYBRIDAGG_PS_PART_BYTES``, 4 MiB).
         skip_update: Servers return the weights without applying the
             optimizer (to benchmark the transport alone).
+        batching: Adaptive batching on server 0: ``initial`` (each group's
+            batch), ``deadband``, ``smoothing``, ``window``, ``min_batch``,
+            ``max_group_batch``; ``None``: off.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class PSClient:
         max_updates: int | None = None,
         part_bytes: int | None = None,
         skip_update: bool = False,
+        batching: dict | None = None,
     ) -> None:
         self.ps, self.G = ps, num_groups
         self.K = ps.size - num_groups
@@ -80,6 +84,7 @@ class PSClient:
             for lo, hi in self.ranges
         ]
         self.skip_update = bool(skip_update)
+        self.batching = batching
         dtype = params[0].dtype
         self.flat_weights = alloc(sum(numels), dtype, zero=False)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
@@ -123,6 +128,7 @@ class PSClient:
                 "max_updates": budget,
                 "part_elems": self.part_elems,
                 "skip_update": self.skip_update,
+                "batching": self.batching,
             }
             pending.append(self.ps.isend_obj(spec, self.G + s, P.INIT))
         self.ps.wait([req for req, _ in pending], "parameter-server start-up")

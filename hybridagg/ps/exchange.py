@@ -36,6 +36,8 @@ class GroupExchange:
         staleness_bound: SSP bound in a group's own updates (``None``: none).
         max_updates: Server version after which every group is told to stop.
         overlap: Overlap a leader's exchange with the group's next step.
+        batching: Server-side adaptive batching options (see
+            :class:`~hybridagg.ps.client.PSClient`).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class GroupExchange:
         staleness_bound: int | None,
         max_updates: int | None,
         overlap: bool,
+        batching: dict | None = None,
     ) -> None:
         comms = topology.comms
         self.topology, self.params, self.buffers = topology, params, buffers
@@ -64,6 +67,7 @@ class GroupExchange:
                 compensation,
                 staleness_bound,
                 max_updates,
+                batching=batching,
             )
         numel = sum(p.numel() for p in params)
         self.wbuf = alloc(numel, params[0].dtype, zero=False)

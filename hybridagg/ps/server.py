@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..batching import BatchController
 from ..comm import alloc
 from . import protocol as P
 from .compensation import Compensation
@@ -79,6 +80,7 @@ class ServerStats:
     busy_seconds: float = 0.0
     apply_seconds: float = 0.0
     apply_times: list[float] = field(default_factory=list)
+    batch_decisions: list = field(default_factory=list)
 
 
 class _Shard:
@@ -160,7 +162,9 @@ class _Server:
         on_commit,
         stop_requested,
         restore,
+        on_batch=None,
     ) -> None:
+        self.on_batch = on_batch
         self.ps = topology.comms.leaders.dup("ps")
         self.G = topology.num_groups
         self.K = self.ps.size - self.G
@@ -178,6 +182,7 @@ class _Server:
             self.version = int(restore["version"])
             self.stats.updates_per_leader = list(restore["updates_per_leader"])
         self.timeout = self.ps.timeout if timeout is None else timeout
+        self._setup_batching(spec.get("batching"))
         self.every, self.on_snapshot, self.on_commit = (
             checkpoint_every,
             on_snapshot,
@@ -213,6 +218,39 @@ class _Server:
                 buf = np.zeros(1, dtype=np.float64)
                 self.wreqs.append((self.ps.mpi.Irecv(buf, self.G + s, P.WRITTEN), buf))
 
+    def _setup_batching(self, options: dict | None) -> None:
+        """Server 0 sizes each group's batch from the times leaders report."""
+        self.batcher, self.assigned, self.pushes = None, None, 0
+        if options is None or self.me != 0:
+            return
+        self.batcher = BatchController(
+            batches=options["initial"],
+            deadband=options["deadband"],
+            smoothing=options["smoothing"],
+            window=1,
+            min_batch=options["min_batch"],
+            max_batch=options.get("max_group_batch"),
+        )
+        self.batch_window = max(1, int(options["window"])) * self.G
+        self.assigned = list(self.batcher.batches)
+
+    def _observe_batch(self, g: int, seconds_per_sample: float, samples: float) -> None:
+        if self.batcher is None or seconds_per_sample <= 0 or samples <= 0:
+            return
+        self.batcher.add(g, seconds_per_sample * samples, samples)
+        self.pushes += 1
+        if self.pushes < self.batch_window:
+            return
+        self.pushes = 0
+        decision = self.batcher.decide()
+        if decision is not None:
+            self.assigned = list(decision.new)
+            self.stats.batch_decisions.append(
+                (self.version, decision.old, decision.new, decision.seconds_per_sample)
+            )
+            if self.on_batch is not None:
+                self.on_batch(self.version, decision)
+
     # --- replies -------------------------------------------------------------
     def _stop_flag(self) -> float:
         over = self.budget is not None and self.version >= self.budget
@@ -221,7 +259,15 @@ class _Server:
     def _head(self, g: int, staleness: int, scale: float) -> np.ndarray:
         self.ps.wait(self.sends[g], f"previous reply to leader {g}")
         h = self.reply_h[g]
-        h[:] = (self.version, self._stop_flag(), staleness, scale, self.requested, 0.0)
+        advice = float(self.assigned[g]) if self.assigned is not None else 0.0
+        h[:] = (
+            self.version,
+            self._stop_flag(),
+            staleness,
+            scale,
+            self.requested,
+            advice,
+        )
         return h
 
     def reply_whole(self, g: int, staleness: int, scale: float) -> None:
@@ -251,6 +297,7 @@ class _Server:
         version_from, samples = int(header[1]), float(header[2])
         if int(header[3]) & P.FLAG_STOP and self.me == 0:
             self.request_stop()
+        self._observe_batch(g, float(header[4]), float(header[2]))
         staleness = self.version - version_from
         scale = self.comp.scale(samples, self.version, staleness)
         lrs = header[P.HEAD :].tolist()
@@ -454,6 +501,7 @@ def serve(
     stop_requested: Callable[[], bool] | None = None,
     restore: dict | None = None,
     on_ready: Callable[[], None] | None = None,
+    on_batch: Callable[[int, object], None] | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -472,6 +520,8 @@ def serve(
         restore: A ``state`` this server saved before: continue from it.
         on_ready: Called once the server holds its shard, before it serves
             (the training driver starts its clock there).
+        on_batch: Server 0 with adaptive batching: ``f(version, decision)``
+            for every change of the groups' batch sizes.
 
     Returns:
         This server's statistics.
@@ -491,6 +541,7 @@ def serve(
         on_commit,
         stop_requested,
         restore,
+        on_batch,
     )
     if on_ready is not None:
         on_ready()

@@ -53,6 +53,13 @@ class TrainConfig:
     resume: bool = False
     progress: bool = True
     device: str = "cpu"
+    adaptive_batch: bool = False
+    adaptive_groups: bool = False
+    batch_deadband: float = 0.2
+    batch_window: int = 10
+    batch_smoothing: float = 0.5
+    min_batch: int = 1
+    max_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -112,6 +119,27 @@ class TrainConfig:
             )
         if (self.checkpoint_every or self.resume) and not self.checkpoint:
             raise ValueError("--checkpoint-every and --resume need --checkpoint DIR")
+        if self.adaptive_groups and not (self.adaptive_batch and self.mode == "hybrid"):
+            raise ValueError(
+                "--adaptive-groups needs --adaptive-batch and --mode hybrid"
+            )
+        if not 0 <= self.batch_deadband < 1:
+            raise ValueError(
+                f"--batch-deadband must be in [0, 1), got {self.batch_deadband}"
+            )
+        if not 0 < self.batch_smoothing <= 1:
+            raise ValueError(
+                f"--batch-smoothing must be in (0, 1], got {self.batch_smoothing}"
+            )
+        if self.batch_window < 1 or self.min_batch < 1:
+            raise ValueError("--batch-window and --min-batch must be >= 1")
+        if self.max_batch is not None and not (
+            self.min_batch <= self.batch_size <= self.max_batch
+        ):
+            raise ValueError(
+                f"--batch-size {self.batch_size} must lie within --min-batch "
+                f"{self.min_batch} and --max-batch {self.max_batch}"
+            )
         self.parsed_slowdown()  # raises on a malformed spec
 
     def parsed_slowdown(self) -> Slowdown:
@@ -232,6 +260,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="base compute milliseconds per sample; steps sleep to MS x batch x factor",
     )
+    g = p.add_argument_group("adaptive batch sizes (OmniLearn's controller)")
+    g.add_argument(
+        "--adaptive-batch",
+        action="store_true",
+        help="move batch from slow workers to fast ones (sync: all workers, "
+        "global batch kept; hybrid: inside groups and across groups by "
+        "server 0; async: server 0 sizes each worker's batch)",
+    )
+    g.add_argument(
+        "--adaptive-groups",
+        action="store_true",
+        help="hybrid: server 0 also sizes each group's total batch so groups "
+        "reach the server at similar rates",
+    )
+    g.add_argument(
+        "--batch-deadband",
+        type=float,
+        default=0.2,
+        help="act only when some batch changes by more than this fraction",
+    )
+    g.add_argument(
+        "--batch-window",
+        type=int,
+        default=10,
+        help="steps per measurement window (one decision per window)",
+    )
+    g.add_argument(
+        "--batch-smoothing",
+        type=float,
+        default=0.5,
+        help="weight of the newest window in the speed estimate",
+    )
+    g.add_argument(
+        "--min-batch", type=int, default=1, help="smallest batch of a worker"
+    )
+    g.add_argument("--max-batch", type=int, help="largest batch of a worker (memory)")
     g = p.add_argument_group("measuring and saving")
     g.add_argument(
         "--eval-every", type=int, default=50, help="updates between validations"

@@ -1,0 +1,96 @@
+"""Pieces the training roles share: optimizers, manifests, RNG state, progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..topology import Topology
+from .options import TrainConfig
+
+__all__ = [
+    "check_manifest",
+    "make_optimizer",
+    "manifest",
+    "progress_bar",
+    "rng_state",
+    "set_rng_state",
+    "warm_up_optimizer",
+]
+
+
+def manifest(cfg: TrainConfig, topo: Topology, **extra) -> dict:
+    return {
+        "mode": cfg.mode,
+        "model": cfg.model,
+        "world_size": topo.world_size,
+        "servers": len(topo.servers),
+        "groups": [list(g) for g in topo.groups],
+        "config": cfg.as_dict(),
+        **extra,
+    }
+
+
+def check_manifest(saved: dict, cfg: TrainConfig, topo: Topology, path: Path) -> None:
+    """Raise ``ValueError`` if a checkpoint was written by another kind of run."""
+    mine = manifest(cfg, topo)
+    for key in ("model", "mode", "world_size", "servers", "groups"):
+        if saved.get(key) != mine[key]:
+            raise ValueError(
+                f"checkpoint {path} was written by a run with {key}={saved.get(key)!r}; "
+                f"this run has {key}={mine[key]!r}"
+            )
+
+
+def rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": torch.from_numpy(
+            np.frombuffer(np.random.get_state()[1].tobytes(), dtype=np.uint8).copy()
+        ),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    keys = np.frombuffer(state["numpy"].numpy().tobytes(), dtype=np.uint32)
+    np.random.set_state(("MT19937", keys, 0))
+
+
+def warm_up_optimizer(cfg: TrainConfig) -> None:
+    """Build a throwaway optimizer of the run's class before the clock starts.
+
+    The first ``torch.optim`` optimizer a process builds imports
+    ``torch._dynamo`` (1.5 s here); a server would otherwise pay that inside
+    its first update, and every group would wait for it.
+    """
+    scratch = torch.nn.Linear(1, 1)
+    make_optimizer(cfg, scratch)
+
+
+def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def progress_bar(cfg: TrainConfig, rank: int, start: int):
+    if rank != 0 or not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(
+        total=cfg.steps,
+        initial=start,
+        unit="upd",
+        mininterval=0.5,
+        desc=f"hybridagg {cfg.mode}",
+        dynamic_ncols=True,
+    )
