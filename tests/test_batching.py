@@ -1,0 +1,183 @@
+"""Adaptive batch sizes: the controller (pure) and under MPI."""
+
+import json
+
+import pytest
+import torch
+from train_helpers import output, run_train
+
+from hybridagg.batching import BatchController, proportional_batches
+
+
+# ------------------------------------------------------------------ pure logic
+def test_proportional_split_keeps_the_total_and_respects_bounds():
+    assert proportional_batches([1, 1, 1, 1], 128) == [32, 32, 32, 32]
+    assert proportional_batches([4, 4, 1, 1], 100) == [40, 40, 10, 10]
+    # worker 0 would get 80 but memory allows 50: the rest goes to the others
+    # in proportion to their rates
+    out = proportional_batches([8, 1, 1], 100, high=50)
+    assert out[0] == 50 and sum(out) == 100 and out[1] == out[2] == 25
+    # a floor: no worker below 10
+    out = proportional_batches([100, 1], 60, low=10)
+    assert out == [50, 10]
+    with pytest.raises(ValueError, match="cannot hold"):
+        proportional_batches([1, 1], 10, high=4)
+    with pytest.raises(ValueError, match="rates must be positive"):
+        proportional_batches([1, 0], 10)
+
+
+def feed(ctrl, speeds, steps):
+    """Emulated workers: a step of b samples takes b * s_i seconds."""
+    decisions = []
+    for _ in range(steps):
+        d = ctrl.observe(
+            [b * s for b, s in zip(ctrl.batches, speeds, strict=True)], ctrl.batches
+        )
+        if d is not None:
+            decisions.append(d)
+    return decisions
+
+
+def test_dead_band_ignores_small_differences():
+    ctrl = BatchController([32, 32], deadband=0.2, window=2)
+    assert feed(ctrl, [1.0, 1.15], 10) == []  # 7% apart: inside the dead-band
+    assert ctrl.batches == [32, 32]
+    d = feed(ctrl, [1.0, 2.0], 20)
+    # the smoothed estimate of worker 1 goes 1.15 -> 1.575 -> 1.79 -> ...: the
+    # first window past the band moves the batches; the later, smaller
+    # corrections (to 42/22: 12%) stay inside the band
+    assert [x.new for x in d] == [[39, 25]] and ctrl.batches == [39, 25]
+    tight = BatchController([32, 32], deadband=0.05, window=2)
+    feed(tight, [1.0, 2.0], 20)
+    assert tight.batches == [43, 21]
+
+
+def test_batches_converge_to_speed_ratios_and_follow_a_change():
+    ctrl = BatchController([32] * 4, deadband=0.05, smoothing=0.5, window=3)
+    feed(ctrl, [1, 1, 4, 4], 30)
+    b = ctrl.batches
+    assert sum(b) == 128 and b[0] / b[2] == pytest.approx(4, rel=0.1)
+    feed(ctrl, [4, 4, 1, 1], 30)  # the slow pair became the fast one
+    b = ctrl.batches
+    assert sum(b) == 128 and b[2] / b[0] == pytest.approx(4, rel=0.1)
+
+
+def test_controller_validates_its_settings():
+    with pytest.raises(ValueError, match="deadband"):
+        BatchController([4, 4], deadband=1.5)
+    with pytest.raises(ValueError, match="cannot hold"):
+        BatchController([4, 4], max_batch=3)
+    ctrl = BatchController([10, 10], max_batch=15)
+    assert ctrl.set_total(24) == [12, 12]
+
+
+# ------------------------------------------------------------- under MPI
+def test_sync_batches_follow_speed_ratios_before_and_after_a_change(tmp_path):
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "digits.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    metrics = tmp_path / "m.jsonl"
+    # worker 1 three times slower, then worker 0 after 5 s
+    result = run_train(
+        2,
+        [
+            "--data",
+            str(data),
+            "--steps",
+            "90",
+            "--sample-ms",
+            "2",
+            "--no-progress",
+            "--slowdown",
+            "0:1,1:3@0;0:3,1:1@5",
+            "--adaptive-batch",
+            "--batch-deadband",
+            "0.05",
+            "--batch-window",
+            "3",
+            "--metrics",
+            str(metrics),
+        ],
+    )
+    assert result.returncode == 0, output(result)[-3000:]
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    decisions = [r for r in recs if r["event"] == "batch" and r["rank"] == 0]
+    before = [d for d in decisions if d["t"] < 5]
+    after = [d for d in decisions if d["t"] > 5]
+    assert before and after, decisions
+    b0, b1 = before[-1]["new"]
+    assert b0 / b1 == pytest.approx(3, rel=0.1) and b0 + b1 == 64
+    b0, b1 = after[-1]["new"]
+    assert b1 / b0 == pytest.approx(3, rel=0.1) and b0 + b1 == 64
+    # both workers applied the same decisions at the same steps
+    other = [
+        (r["version"], r["new"])
+        for r in recs
+        if r["event"] == "batch" and r["rank"] == 1
+    ]
+    assert other == [(d["version"], d["new"]) for d in decisions]
+    steps = [r for r in recs if r["event"] == "step" and r["rank"] == 0 and r["batch"]]
+    assert steps[-1]["batch"] == b0  # the loader cut the new size
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=180)
+def test_reduced_gradient_is_the_union_batch_gradient_as_batches_change(
+    mpi_tmp_path, mpi_ranks
+):
+    import hybridagg
+    from hybridagg.comm import Comm
+    from hybridagg.data import HDF5Loader, convert_digits
+
+    path = mpi_tmp_path / "digits.h5"
+    comm = Comm(name="test")
+    if comm.rank == 0:
+        convert_digits(path, val_fraction=0.0, seed=0, progress=False)
+    comm.barrier(what="file")
+    topo = hybridagg.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)
+    ).double()
+    hybridagg.broadcast_parameters(model.state_dict(), topology=topo)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), model=model, topology=topo
+    )
+    ctrl = BatchController([16] * comm.size, deadband=0.05, window=2)
+    speeds = [1.0 + 2.0 * r for r in range(comm.size)]  # rank r is 1+2r times slower
+    changed = 0
+    with HDF5Loader(path, batch_size=16, comm=topo.comms.workers, normalize=True) as ld:
+        for step, (x, y) in enumerate(ld):
+            x = x.double()
+            opt.set_samples(len(y))
+            opt.zero_grad()
+            if len(y):
+                torch.nn.functional.cross_entropy(
+                    model(x), y, reduction="mean"
+                ).backward()
+            opt.synchronize()
+            # the union batch, from every rank's share
+            xs = torch.cat([torch.as_tensor(a) for a in comm.allgather_obj(x.numpy())])
+            ys = torch.cat([torch.as_tensor(a) for a in comm.allgather_obj(y.numpy())])
+            ref = torch.nn.Sequential(
+                torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)
+            ).double()
+            ref.load_state_dict(model.state_dict())
+            torch.nn.functional.cross_entropy(ref(xs), ys).backward()
+            for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12)
+            opt.step()
+            shared = opt.shared  # every rank's compute seconds and samples
+            d = ctrl.observe(
+                [s * n for s, n in zip(speeds, shared[:, 2].tolist(), strict=True)],
+                shared[:, 2].tolist(),
+            )
+            if d is not None:
+                ld.set_batch_sizes(d.new)
+                changed += 1
+            opt.share([0.0, 0.0, float(ld.batch_size), 0.0])
+            if step > 40:
+                break
+    assert changed >= 1 and ctrl.batches[0] > ctrl.batches[-1]
+    opt.finish()
+    comm.free()
