@@ -56,7 +56,7 @@ class TrainConfig:
     adaptive_batch: bool = False
     adaptive_groups: bool = False
     batch_deadband: float = 0.2
-    batch_window: int = 10
+    batch_window: int = 5
     batch_smoothing: float = 0.5
     min_batch: int = 1
     max_batch: int | None = None
@@ -283,7 +283,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--batch-window",
         type=int,
-        default=10,
+        default=5,
         help="steps per measurement window (one decision per window)",
     )
     g.add_argument(
