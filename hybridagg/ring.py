@@ -37,6 +37,22 @@ _MAX_CHUNKS = 64
 _TAG_BASE = 1000
 
 
+def _take_scratch(comm: Comm, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A scratch buffer from ``comm``'s pool (fresh memory costs page faults)."""
+    pool = comm.__dict__.setdefault("_ring_scratch", [])
+    for i, buf in enumerate(pool):
+        if buf.dtype == dtype and buf.numel() >= numel:
+            return pool.pop(i)[:numel]
+    return alloc(numel, dtype, zero=False)
+
+
+def _give_scratch(comm: Comm, buf: torch.Tensor) -> None:
+    pool = comm.__dict__.setdefault("_ring_scratch", [])
+    base = buf if buf._base is None else buf._base
+    if len(pool) < 8:
+        pool.append(base)
+
+
 def _tag_ub() -> int:
     # TAG_UB is defined on COMM_WORLD; duplicates need not carry it
     value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
@@ -93,7 +109,7 @@ class RingAllreduce:
         nbytes = longest * self.flat.element_size()
         self.nchunks = max(1, min(_MAX_CHUNKS, -(-nbytes // max(1, chunk_bytes))))
         self.slot = -(-longest // self.nchunks) if longest else 0
-        self.tmp = alloc(self.slot * self.nchunks, self.flat.dtype, zero=False)
+        self.tmp = _take_scratch(comm, self.slot * self.nchunks, self.flat.dtype)
         self.stages = 2 * (n - 1)
         rounds = ring_tags(_tag_ub(), n, self.nchunks)
         self.tag0 = _TAG_BASE + (seq % rounds) * self.stages * self.nchunks
@@ -101,7 +117,9 @@ class RingAllreduce:
         self.stage = [0] * self.nchunks
         self.reqs: list[list[MPI.Request]] = [[] for _ in range(self.nchunks)]
         self.done = n == 1 or total == 0
-        if not self.done:
+        if self.done:
+            _give_scratch(comm, self.tmp)
+        else:
             for j in range(self.nchunks):
                 self._post(j)
 
@@ -155,4 +173,6 @@ class RingAllreduce:
             if self.stage[j] < self.stages:
                 finished = False
         self.done = finished
+        if finished:
+            _give_scratch(self.comm, self.tmp)
         return finished
