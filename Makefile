@@ -22,7 +22,8 @@ HOROVOD_STAMP := $(VENV)/.horovod-$(HOROVOD_VERSION)
 
 install: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml
+# launch/hybridagg-run too: pip copies scripts into .venv/bin, even for -e
+$(STAMP): setup.py pyproject.toml launch/hybridagg-run
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH_SPEC)'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
