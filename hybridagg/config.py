@@ -117,6 +117,13 @@ _DECLARED = [
         "to form one job), else the site's MpiDefault.",
     ),
     EnvVar(
+        "HYBRIDAGG_CHAIN_LINK",
+        None,
+        "slurm/chain.sbatch: number of this job in its resume chain (1 for the "
+        "one you submit; each link submits the next with this + 1).",
+        "slurm/chain.sbatch",
+    ),
+    EnvVar(
         "HYBRIDAGG_SLOWDOWN",
         None,
         "Emulated heterogeneity, e.g. '0-1:1,2-3:4' (world rank: factor); "
@@ -242,6 +249,13 @@ _DECLARED = [
         None,
         "HDF5 file locking (FALSE on NFS/Lustre where locks fail).",
         "hdf5",
+    ),
+    EnvVar(
+        "HYBRIDAGG_TEST_SLURM",
+        None,
+        "Tests only: 1 makes pytest collect tests/slurm (boots a Slurm cluster "
+        "on this machine; needs root). Set by make test-slurm.",
+        "tests",
     ),
     EnvVar(
         "HYBRIDAGG_EXPECT_MPIO",
