@@ -101,7 +101,7 @@ test-mpio: $(MPIO_STAMP)
 # Debian's slurmctld, slurmd, munge, libpmix-dev; installed if missing),
 # submits slurm/*.sbatch with sbatch --wait and checks the runs (one MPI job
 # of SLURM_NTASKS ranks, groups == het components, the resume chain). About
-# 3 minutes. The cluster is stopped afterwards even if pytest fails or is
+# 2 minutes. The cluster is stopped afterwards even if pytest fails or is
 # interrupted. `make test` does not collect tests/slurm.
 SLURM_TESTS ?= tests/slurm/test_slurm_jobs.py
 
