@@ -103,6 +103,27 @@ _DECLARED = [
         "launch/). Default: the one beside the Python interpreter, then PATH.",
     ),
     EnvVar(
+        "HYBRIDAGG_LAUNCHER",
+        "auto",
+        "launch/hybridagg-run's launcher: auto (srun inside a Slurm allocation, "
+        "else mpiexec), srun, or mpiexec (e.g. an MPI without Slurm's PMI "
+        "support, which reads the allocation itself).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SRUN_MPI",
+        None,
+        "srun's --mpi plugin for launch/hybridagg-run (pmix, pmi2, none). "
+        "Default: pmix when 'srun --mpi=list' offers it (Open MPI 5 needs it "
+        "to form one job), else the site's MpiDefault.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_CHAIN_LINK",
+        None,
+        "slurm/chain.sbatch: number of this job in its resume chain (1 for the "
+        "one you submit; each link submits the next with this + 1).",
+        "slurm/chain.sbatch",
+    ),
+    EnvVar(
         "HYBRIDAGG_SLOWDOWN",
         None,
         "Emulated heterogeneity, e.g. '0-1:1,2-3:4' (world rank: factor); "
@@ -172,8 +193,9 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_HET_COMPONENT",
         None,
-        "This task's heterogeneous-job component, when the launcher states it "
-        "(srun MPMD ':' syntax); wins over the SLURM_NTASKS_HET_GROUP_<k> rule.",
+        "This task's heterogeneous-job component, stated by launch/hybridagg-run "
+        "(srun MPMD ':' syntax, one --export per component); wins over the "
+        "SLURM_NTASKS_HET_GROUP_<k> rule.",
     ),
     EnvVar(
         "OMPI_COMM_WORLD_RANK", None, "Global rank under Open MPI's mpiexec.", "openmpi"
@@ -227,6 +249,13 @@ _DECLARED = [
         None,
         "HDF5 file locking (FALSE on NFS/Lustre where locks fail).",
         "hdf5",
+    ),
+    EnvVar(
+        "HYBRIDAGG_TEST_SLURM",
+        None,
+        "Tests only: 1 makes pytest collect tests/slurm (boots a Slurm cluster "
+        "on this machine; needs root). Set by make test-slurm.",
+        "tests",
     ),
     EnvVar(
         "HYBRIDAGG_EXPECT_MPIO",

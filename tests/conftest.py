@@ -44,6 +44,11 @@ if not IN_RANK:
     mpi4py.rc.finalize = False
 
 
+# tests/slurm boots a real Slurm cluster (root, minutes): only under
+# `make test-slurm`, which sets HYBRIDAGG_TEST_SLURM=1.
+collect_ignore = [] if config.get_bool("HYBRIDAGG_TEST_SLURM") else ["slurm"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

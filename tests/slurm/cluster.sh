@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# slurm-cluster.sh - boot / stop a tiny two-node Slurm cluster on this one host.
+# slurm-cluster.sh - boot / stop a tiny Slurm cluster (3 nodes) on this one host.
 #
 # Usage:
 #   slurm-cluster.sh up       install packages if missing, write config, start
-#                             munged, slurmctld, slurmd n1 and n2; wait until
-#                             both nodes are idle (timeout HYBRIDAGG_SLURM_TIMEOUT)
+#                             munged, slurmctld, one slurmd per node (n1, n2,
+#                             ...); wait until every node is idle (timeout
+#                             HYBRIDAGG_SLURM_TIMEOUT)
 #   slurm-cluster.sh down     stop every daemon (and job step) this cluster
 #                             started; safe after a half-failed `up`; idempotent
 #   slurm-cluster.sh status   show daemons, sinfo and squeue
@@ -13,8 +14,8 @@
 # Environment (all optional):
 #   HYBRIDAGG_SLURM_DIR        state dir              [/tmp/hybridagg-slurm]
 #   HYBRIDAGG_SLURM_CTLD_PORT  slurmctld port         [16817]
-#   HYBRIDAGG_SLURM_N1_PORT    slurmd n1 port         [17001]
-#   HYBRIDAGG_SLURM_N2_PORT    slurmd n2 port         [17002]
+#   HYBRIDAGG_SLURM_NODES      number of nodes        [3]
+#   HYBRIDAGG_SLURM_NODE_PORT  slurmd port of n1; node k uses this + k - 1 [17001]
 #   HYBRIDAGG_SLURM_CPUS       CPUs claimed per node  [4]
 #   HYBRIDAGG_SLURM_TIMEOUT    seconds to wait in up  [60]
 #
@@ -27,12 +28,14 @@
 # Notes: TmpFS is per node (%n) because the pmix plugin otherwise makes
 # /tmp/spmix_appdir_<uid>_<job>.<step> on both slurmds of this one host and a
 # 2-node --mpi=pmix step fails with EEXIST. Controller state is wiped on `up`.
+# Three nodes by default: Slurm 22.05 gives each component of a heterogeneous
+# job nodes of its own (a 3-component job stays pending on 2 nodes).
 set -euo pipefail
 
 STATE="${HYBRIDAGG_SLURM_DIR:-/tmp/hybridagg-slurm}"
 CTLD_PORT="${HYBRIDAGG_SLURM_CTLD_PORT:-16817}"
-N1_PORT="${HYBRIDAGG_SLURM_N1_PORT:-17001}"
-N2_PORT="${HYBRIDAGG_SLURM_N2_PORT:-17002}"
+NUM_NODES="${HYBRIDAGG_SLURM_NODES:-3}"
+NODE_PORT="${HYBRIDAGG_SLURM_NODE_PORT:-17001}"
 NODE_CPUS="${HYBRIDAGG_SLURM_CPUS:-4}"
 TIMEOUT="${HYBRIDAGG_SLURM_TIMEOUT:-60}"
 
@@ -40,7 +43,12 @@ CONF="${STATE}/etc/slurm.conf"
 MUNGE_DIR="${STATE}/munge"
 MUNGE_SOCKET="${MUNGE_DIR}/munge.socket"
 MUNGE_PID="${MUNGE_DIR}/munged.pid"
-NODES=(n1 n2)
+[[ "${NUM_NODES}" =~ ^[1-9][0-9]*$ ]] || {
+    echo "slurm-cluster: HYBRIDAGG_SLURM_NODES must be a positive integer, got '${NUM_NODES}'" >&2
+    exit 2
+}
+NODES=()
+for ((k = 1; k <= NUM_NODES; k++)); do NODES+=("n${k}"); done
 MARKER="HYBRIDAGG_SLURM_DAEMON=${STATE}"
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
@@ -57,11 +65,15 @@ install_packages() {
             missing=1
         fi
     done
+    # srun --mpi=pmix dlopens pmix2/lib/libpmix.so, which only libpmix-dev
+    # ships; without it every pmix step fails ("can not load PMIx library")
+    [[ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ]] \
+        || dpkg -s libpmix-dev >/dev/null 2>&1 || missing=1
     if [[ "${missing}" -eq 1 ]]; then
-        log "installing slurmctld slurmd slurm-client munge"
+        log "installing slurmctld slurmd slurm-client munge libpmix-dev"
         DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            slurmctld slurmd slurm-client munge >/dev/null
+            slurmctld slurmd slurm-client munge libpmix-dev >/dev/null
     fi
     id munge >/dev/null 2>&1 || die "user munge missing after install"
 }
@@ -107,10 +119,14 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=60
-NodeName=n1 NodeHostname=${host} Port=${N1_PORT} CPUs=${NODE_CPUS} State=UNKNOWN
-NodeName=n2 NodeHostname=${host} Port=${N2_PORT} CPUs=${NODE_CPUS} State=UNKNOWN
-PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE OverSubscribe=FORCE:4 State=UP
 EOF
+    local k
+    for ((k = 1; k <= NUM_NODES; k++)); do
+        printf 'NodeName=n%d NodeHostname=%s Port=%d CPUs=%d State=UNKNOWN\n' \
+            "${k}" "${host}" "$((NODE_PORT + k - 1))" "${NODE_CPUS}" >>"${CONF}.tmp"
+    done
+    printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE OverSubscribe=FORCE:4 State=UP\n' \
+        "$(IFS=,; echo "${NODES[*]}")" >>"${CONF}.tmp"
     mv "${CONF}.tmp" "${CONF}"
     # slurmd looks for cgroup.conf etc. next to slurm.conf; none are needed
 }
@@ -169,8 +185,7 @@ wait_idle() {
 # pids whose environment carries our marker, plus pids from our pid files
 our_pids() {
     local f pid
-    for f in "${STATE}/run/slurmctld.pid" "${STATE}/run/slurmd.n1.pid" \
-        "${STATE}/run/slurmd.n2.pid" "${MUNGE_PID}"; do
+    for f in "${STATE}/run/slurmctld.pid" "${STATE}/run/slurmd."*.pid "${MUNGE_PID}"; do
         if [[ -s "${f}" ]]; then
             pid="$(tr -dc '0-9' <"${f}")"
             if [[ -n "${pid}" ]] && has_marker "${pid}"; then
