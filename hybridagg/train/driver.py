@@ -11,10 +11,9 @@ error on every rank before any training collective starts.
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 
+from ..signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
 from .common import check_manifest
@@ -23,19 +22,6 @@ from .server_role import ServerRole
 from .worker import WorkerRole
 
 __all__ = ["train"]
-
-
-def _install_signal_handlers() -> threading.Event:
-    """SIGTERM and SIGUSR1 (Slurm's ``--signal``) ask for a checkpoint and a stop."""
-    flag = threading.Event()
-
-    def handler(signum, frame) -> None:
-        flag.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, handler)
-    return flag
 
 
 def _find_resume(cfg: TrainConfig, topo: Topology) -> tuple[Path | None, dict | None]:
@@ -67,7 +53,7 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
         ValueError, TypeError, FileNotFoundError: A bad option, data file or
             checkpoint; the same error on every rank.
     """
-    stop = _install_signal_handlers()
+    stop = stop_flag()
     topo = init(
         comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
     )
