@@ -155,6 +155,10 @@ def mpiexec_env(
     Open MPI 5 oversubscription also takes the PRRTE mapping variable (the
     ``--oversubscribe`` flag covers Open MPI 4, where that variable does
     nothing). These are set for the child job only, never in the user's shell.
+    Jobs on this one machine also skip Open MPI's UCX one-sided component
+    (``OMPI_MCA_osc=^ucx``, unless set): without a UCX network it prints a
+    misleading "OSC UCX component priority ... failed" line for every window
+    (the shared-memory component serves the windows).
     """
     env = {
         k: v
@@ -166,6 +170,7 @@ def mpiexec_env(
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     if oversubscribe:
         env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    env.setdefault("OMPI_MCA_osc", "^ucx")
     return env
 
 
