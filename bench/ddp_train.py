@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -28,23 +27,12 @@ from mpi4py import MPI
 from hybridagg.comm import Comm, configure_threads
 from hybridagg.data import HDF5Loader
 from hybridagg.data.loader import load_split_info
+from hybridagg.optimizer import init_torch_distributed
 from hybridagg.slowdown import parse_slowdown
 from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
 from hybridagg.train.evaluate import Evaluator
 from hybridagg.train.models import build_model
 from hybridagg.train.options import TrainConfig
-
-
-def init_gloo(comm: Comm) -> None:
-    addr = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            addr = (socket.gethostname(), s.getsockname()[1])
-    host, port = comm.bcast_obj(addr, 0, what="gloo address")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size
-    )
 
 
 def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
@@ -147,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_threads()
     comm = Comm(MPI.COMM_WORLD, name="ddp")
-    init_gloo(comm)
+    init_torch_distributed(comm, "gloo")
     out = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         cfg = TrainConfig(

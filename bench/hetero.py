@@ -301,11 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"unknown --modes {sorted(unknown)}; choose from {list(MODES)}"
         )
-    if not Path(args.data).exists():
-        from hybridagg.data import convert_digits
+    from hybridagg.data import digits_file
 
-        Path(args.data).parent.mkdir(parents=True, exist_ok=True)
-        convert_digits(args.data, val_fraction=0.2, seed=0, progress=False)
+    digits_file(args.data)
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for level in args.levels.split(","):

@@ -35,11 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not Path(args.data).exists():
-        from hybridagg.data import convert_digits
+    from hybridagg.data import digits_file
 
-        Path(args.data).parent.mkdir(parents=True, exist_ok=True)
-        convert_digits(args.data, val_fraction=0.2, seed=0, progress=False)
+    digits_file(args.data)
     common = [
         "--data",
         args.data,

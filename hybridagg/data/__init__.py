@@ -14,6 +14,7 @@ from .convert import (
     convert_npy,
     convert_npz,
     convert_synthetic,
+    digits_file,
 )
 from .dataset import HDF5Dataset
 from .format import FORMAT_NAME, FORMAT_VERSION, SplitInfo, inspect_split, open_file
@@ -34,6 +35,7 @@ __all__ = [
     "convert_npy",
     "convert_npz",
     "convert_synthetic",
+    "digits_file",
     "inspect_split",
     "load_split_info",
     "mpio_available",

@@ -29,6 +29,7 @@ __all__ = [
     "convert_npy",
     "convert_npz",
     "convert_synthetic",
+    "digits_file",
     "split_indices",
     "synthetic_batch",
 ]
@@ -295,6 +296,18 @@ def convert_npz(
             )
         x, y = z[x_key], z[y_key]
     return convert_arrays(x, y, out, source=f"npz:{p.name}", **kw)
+
+
+def digits_file(path: str | os.PathLike) -> Path:
+    """``path``, converted from scikit-learn's digits first if it does not exist.
+
+    The demo's and the benchmarks' data set: 20% validation, seed 0.
+    """
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        convert_digits(path, val_fraction=0.2, seed=0, progress=False)
+    return path
 
 
 def convert_digits(out: str | os.PathLike, *, image: bool = False, **kw) -> Path:

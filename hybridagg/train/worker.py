@@ -162,7 +162,6 @@ class WorkerRole:
         self.wait_total = 0.0
         self.stale_sum, self.stale_n = 0, 0
         self.first_target = part.get("time_to_target_s")
-        self.last_eval_bucket = 0
         self.last_accuracy = None
         self.last_loss = None
         self.epochs_done = int(part.get("epochs_done", 0))
@@ -328,13 +327,7 @@ class WorkerRole:
             self.ck.write(number, self._part_state())
             self.topo.comms.group.barrier(what=f"group's parts of checkpoint {number}")
             opt.checkpointed(number)
-            self.metrics.write(
-                "checkpoint",
-                t=t0 - self.start,
-                number=number,
-                seconds=time.perf_counter() - t0,
-                version=opt.server_version,
-            )
+            self._log_checkpoint(number, t0, opt.server_version)
             return True
         due = cfg.checkpoint_every and opt.updates % cfg.checkpoint_every == 0
         if not (due or signalled) or opt.updates == self.last_ckpt_update:
@@ -357,12 +350,15 @@ class WorkerRole:
         if self.rank == 0:
             self.ck.commit(number, manifest(self.cfg, self.topo, updates=opt.updates))
         self.last_ckpt_update = opt.updates
+        self._log_checkpoint(number, t0, opt.updates)
+
+    def _log_checkpoint(self, number: int, t0: float, version: int) -> None:
         self.metrics.write(
             "checkpoint",
             t=t0 - self.start,
             number=number,
             seconds=time.perf_counter() - t0,
-            version=opt.updates,
+            version=version,
         )
 
     # --- the end -------------------------------------------------------------------------
