@@ -1,13 +1,15 @@
-"""The outside baseline of ``bench/hetero.py``: PyTorch DDP (gloo) on the same job.
+"""The outside baselines of ``bench/hetero.py``: PyTorch DDP (gloo) or Horovod.
 
 Run under MPI like ``hybridagg train`` (``mpiexec -n 4 python bench/ddp_train.py
---data digits.h5 ...``). Everything but the aggregation is hybridagg's, so the
+--data digits.h5 ...``; ``--backend horovod`` needs ``make horovod``).
+Everything but the aggregation is hybridagg's, so the
 comparison is of aggregation alone: the same model zoo, the same HDF5 loader
 with static shares, the same emulated heterogeneity (``--slowdown``,
 ``--sample-ms``), the same learning-rate rule (``--lr`` per worker's batch,
 scaled linearly by the samples of an update: DDP averages over the workers,
 so the rate is multiplied by their number), the same validation on rank 0
-and the same summary keys. DDP all-reduces inside ``backward()``, so a step's
+and the same summary keys. DDP all-reduces inside ``backward()`` (Horovod posts
+its all-reduces from the same hooks and waits in ``step()``), so a step's
 emulated compute is slept between forward and backward: the target minus the
 forward time and an estimate of the backward compute (twice the forward).
 """
@@ -35,14 +37,26 @@ from hybridagg.train.models import build_model
 from hybridagg.train.options import TrainConfig
 
 
-def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
-    """One DDP run; returns the summary on rank 0."""
+def _wrap(backend: str, model: torch.nn.Module, cfg: TrainConfig, n: int):
+    """The model to call and the optimizer, aggregated by ``backend``."""
+    if backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr * n, momentum=cfg.momentum)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        return model, opt
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=cfg.lr * n, momentum=cfg.momentum)
+
+
+def train_ddp(cfg: TrainConfig, comm: Comm, backend: str = "ddp") -> dict | None:
+    """One run with DDP or Horovod; returns the summary on rank 0."""
     rank, n = comm.rank, comm.size
     torch.manual_seed(cfg.seed)
     info = load_split_info([cfg.data], "train")[0]
     model = build_model(cfg.model, info.sample_shape, info.num_classes)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr * n, momentum=cfg.momentum)
+    ddp, opt = _wrap(backend, model, cfg, n)
     blocks = -(-info.length // info.block_samples)
     loader = HDF5Loader(
         cfg.data,
@@ -70,7 +84,7 @@ def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
                 loss = out.sum() * 0.0
             forward = time.perf_counter() - t0
             pacer.pace(len(y), 3 * forward)  # sleep the rest of the emulated compute
-            loss.backward()  # DDP's all-reduce (an empty share still joins with 0s)
+            loss.backward()  # the all-reduce (an empty share still joins with 0s)
             opt.step()
             samples += len(y)
             updates += 1
@@ -99,7 +113,7 @@ def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
         else None
     )
     return {
-        "mode": "ddp",
+        "mode": backend,
         "world_size": n,
         "workers": n,
         "groups": [list(range(n))],
@@ -121,6 +135,7 @@ def train_ddp(cfg: TrainConfig, comm: Comm) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("ddp", "horovod"), default="ddp")
     p.add_argument("--data", required=True)
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.05)
@@ -135,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_threads()
     comm = Comm(MPI.COMM_WORLD, name="ddp")
-    init_torch_distributed(comm, "gloo")
+    if args.backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init(comm=MPI.COMM_WORLD)
+    else:
+        init_torch_distributed(comm, "gloo")
     out = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         cfg = TrainConfig(
@@ -150,12 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             sample_ms=args.sample_ms,
             seed=seed,
         )
-        summary = train_ddp(cfg, comm)
+        summary = train_ddp(cfg, comm, args.backend)
         if summary is not None:
             out.append(summary)
     if comm.rank == 0 and args.summary:
         Path(args.summary).write_text(json.dumps(out, indent=1))
-    dist.destroy_process_group()
+    if args.backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.shutdown()
+    else:
+        dist.destroy_process_group()
     return 0
 
 

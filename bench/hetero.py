@@ -15,6 +15,8 @@ level is trained by every mode on the same data, model, seeds and emulation:
 * ``async``: every worker its own group plus 1 server (5 ranks);
 * ``ddp``: PyTorch DistributedDataParallel with gloo (``bench/ddp_train.py``),
   the outside baseline: hybridagg's ``sync`` should match it;
+* ``horovod``: the same script with ``horovod.torch.DistributedOptimizer``
+  (``make horovod``); added to the default modes when Horovod is importable;
 * ``*+adaptive``: the same with adaptive batch sizes (``--adaptive-batch``).
 
 Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
@@ -29,7 +31,9 @@ summary keys of ``hybridagg train``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -41,6 +45,7 @@ MODES = {
     "hybrid": (5, ["--mode", "hybrid", "--groups", "0-1,2-3", "--servers", "1"]),
     "async": (5, ["--mode", "async", "--servers", "1"]),
     "ddp": (4, []),
+    "horovod": (4, []),
     "sync+adaptive": (4, ["--mode", "sync", "--adaptive-batch"]),
     "hybrid+adaptive": (
         5,
@@ -111,10 +116,12 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
     ]
     out = tmp / f"{mode}-{level}.json".replace("+", "_")
     seeds = ",".join(str(s) for s in range(args.seeds))
-    if mode == "ddp":
+    if mode in ("ddp", "horovod"):
         cmd = [
             sys.executable,
             str(HERE.parent / "ddp_train.py"),
+            "--backend",
+            mode,
             *common,
             "--seeds",
             seeds,
@@ -133,6 +140,7 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             "--",
             *common,
             *extra,
+            *shlex.split(args.train_extra),
             "--no-progress",
         ]
     result = runner.run_job(
@@ -273,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("train_args", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--data", default="runs/digits.h5")
     p.add_argument("--levels", default="1,2,4,8,change")
-    p.add_argument("--modes", default="sync,hybrid,async,ddp")
+    p.add_argument(
+        "--modes", help="default: sync,hybrid,async,ddp (+horovod when importable)"
+    )
     p.add_argument("--seeds", default="5", help="seeds per cell (inner: the list)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=0.05)
@@ -287,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         default=3.0,
         help="seconds into training when the 'change' level swaps the slow pair",
     )
+    p.add_argument(
+        "--train-extra",
+        default="",
+        help="more 'hybridagg train' options for every hybridagg mode, "
+        "e.g. '--damping sqrt'",
+    )
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json")
     p.add_argument("--md")
@@ -295,12 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.inner:
         return inner(args)
     args.seeds = int(args.seeds)
+    has_horovod = importlib.util.find_spec("horovod") is not None
+    if args.modes is None:
+        args.modes = "sync,hybrid,async,ddp" + (",horovod" if has_horovod else "")
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
     if unknown:
         raise SystemExit(
             f"unknown --modes {sorted(unknown)}; choose from {list(MODES)}"
         )
+    if "horovod" in modes and not has_horovod:
+        raise SystemExit("--modes horovod: Horovod is not importable (make horovod)")
     from hybridagg.data import digits_file
 
     digits_file(args.data)
