@@ -15,7 +15,12 @@ in flight, and the final wait polls (:func:`hybridagg.comm.poll`). Buckets
 of at least ``HYBRIDAGG_RING_MIN_BYTES`` (1 MiB) are reduced by hybridagg's
 pipelined ring of point-to-point messages (:mod:`hybridagg.ring`), which ran
 2x faster than ``MPI_Iallreduce`` on large buffers here; the wait keeps
-testing at full speed while the ring's stages complete.
+testing at full speed while the ring's stages complete. The last bucket is
+complete only when backward ends, so there is nothing left to overlap it
+with: in flat mode it is posted in ``synchronize()`` once the control
+all-reduce has shown every rank is there, as a blocking ``MPI_Allreduce``
+below ``HYBRIDAGG_SETTLED_MAX_BYTES`` (faster than the ring and than
+``MPI_Iallreduce`` at those sizes here; it cannot spin on a late peer).
 
 Weighting: each rank's gradient enters multiplied by its sample count, and
 the sum is divided by the total, so ranks with different batch sizes give
@@ -108,8 +113,8 @@ class _MPITransport(_Transport):
     def events(self) -> int:
         return self.comm.events
 
-    def iallreduce(self, buf):
-        return self.comm.start_allreduce(buf)
+    def iallreduce(self, buf, settled: bool = False):
+        return self.comm.start_allreduce(buf, settled=settled)
 
     def ireduce(self, buf, root):
         from .comm import as_buffer
@@ -321,6 +326,18 @@ class GradientReducer:
             off = self.buckets[b].offsets[slot]
             self._views.append(self.buckets[b].flat[off : off + p.numel()].view_as(p))
         self._next = [0] * len(self.stages)
+        # The last bucket is complete only when backward ends, so nothing is
+        # left to overlap: a flat MPI reduction posts it in synchronize() once
+        # the control all-reduce shows every rank is there, as a "settled"
+        # all-reduce (a blocking MPI_Allreduce; see Comm.start_allreduce).
+        # (flat only: every rank of the transport must decide alike)
+        self._defer_last = (
+            not hierarchical
+            and bool(self.stages)
+            and isinstance(transport, _MPITransport)
+            and self.buckets[-1].flat.device.type == "cpu"
+        )
+        self._settling = False
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
             for i, p in enumerate(self.params)
@@ -414,7 +431,13 @@ class GradientReducer:
                     continue
                 if s == 0 and not all(bucket.ready):
                     continue
-                bucket.test = self._start(stage, transport, bucket)
+                last = s == 0 and k == len(self.buckets) - 1 and self._defer_last
+                if last and not self._settling:
+                    continue
+                if last:
+                    bucket.test = transport.iallreduce(bucket.flat, settled=True)
+                else:
+                    bucket.test = self._start(stage, transport, bucket)
                 if s == 0:
                     bucket.posted_at = time.perf_counter()
                 self._next[s] += 1
@@ -470,8 +493,16 @@ class GradientReducer:
         ctrl_req = self.control.iallreduce(ctrl)
         what = f"gradient all-reduce on {self.transport.name}"
         transports = [t for _, t in self.stages]
+
+        def done() -> bool:
+            finished = self.progress()
+            if self._defer_last and not self._settling and ctrl_req.Test():
+                self._settling = True  # every rank is in synchronize()
+                finished = self.progress()
+            return finished and ctrl_req.Test()
+
         poll(
-            lambda: self.progress() and ctrl_req.Test(),
+            done,
             what=what,
             timeout=self.control.timeout,
             activity=lambda: sum(t.events for t in transports),
@@ -507,6 +538,7 @@ class GradientReducer:
             bucket.stage_done = 0
             bucket.test = None
         self._next = [0] * len(self.stages)
+        self._settling = False
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False

@@ -200,6 +200,11 @@ def _ring_chunk_bytes() -> int:
     return 4 * 2**20 if value is None else value
 
 
+def _settled_max_bytes() -> int:
+    value = config.get_int("HYBRIDAGG_SETTLED_MAX_BYTES")
+    return 32 * 2**20 if value is None else value
+
+
 # The sleep after t seconds of waiting is t * _BACKOFF_FRACTION (capped), so
 # the time a wait overshoots completion stays within a few percent of t.
 _BACKOFF_FRACTION = 1.0 / 32.0
@@ -398,14 +403,31 @@ class Comm:
         """Post an in-place all-reduce of ``x``; complete it with :meth:`wait`."""
         return self.mpi.Iallreduce(MPI.IN_PLACE, as_buffer(x), op)
 
-    def start_allreduce(self, x: torch.Tensor) -> Callable[[], bool]:
+    def start_allreduce(
+        self, x: torch.Tensor, *, settled: bool = False
+    ) -> Callable[[], bool]:
         """Post an in-place sum all-reduce of a CPU tensor; returns its ``test()``.
 
         Buffers of at least ``HYBRIDAGG_RING_MIN_BYTES`` go through the
         pipelined ring (:mod:`hybridagg.ring`), smaller ones through
-        ``MPI_Iallreduce``. Every rank must pass the same size.
+        ``MPI_Iallreduce``. Every rank must pass the same size and
+        ``settled``.
+
+        Args:
+            x: A contiguous CPU tensor, reduced in place.
+            settled: Every rank has nothing left to overlap and is known to
+                have arrived (the caller saw a collective complete that each
+                rank posted just before this call, e.g. the last gradient
+                bucket after ``synchronize()``'s control all-reduce).
+                Buffers below ``HYBRIDAGG_SETTLED_MAX_BYTES`` then take a
+                blocking ``MPI_Allreduce`` right away, the fastest choice up
+                to mid sizes here; it cannot spin long since nobody is late.
         """
         nbytes = x.numel() * x.element_size()
+        if self.size > 1 and settled and nbytes < _settled_max_bytes():
+            self.mpi.Allreduce(MPI.IN_PLACE, as_buffer(x), MPI.SUM)
+            self.events += 1
+            return lambda: True
         if self.size > 1 and nbytes >= _ring_min_bytes():
             from .ring import RingAllreduce
 

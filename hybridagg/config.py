@@ -77,6 +77,15 @@ _DECLARED = [
         "chunks of about this size that advance independently.",
     ),
     EnvVar(
+        "HYBRIDAGG_SETTLED_MAX_BYTES",
+        "33554432",
+        "The gradient bucket that completes last in backward (nothing is "
+        "left to overlap) is reduced after synchronize()'s control "
+        "all-reduce has shown every rank arrived; below this size it then "
+        "takes a blocking MPI_Allreduce, which beat both the ring and "
+        "MPI_Iallreduce up to 16 MiB here (0: never).",
+    ),
+    EnvVar(
         "HYBRIDAGG_PS_PART_BYTES",
         "4194304",
         "Parameter-server messages are cut into parts of about this size; a "
