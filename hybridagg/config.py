@@ -86,6 +86,14 @@ _DECLARED = [
         "MPI_Iallreduce up to 16 MiB here (0: never).",
     ),
     EnvVar(
+        "HYBRIDAGG_DATA_DIRECT_READ",
+        "1",
+        "1: the data loader reads unfiltered whole-row chunks of the samples "
+        "dataset with os.preadv at the addresses in HDF5's chunk index (no "
+        "GIL held, so reads overlap batch assembly); 0: always h5py's "
+        "read_direct. Other layouts always use h5py.",
+    ),
+    EnvVar(
         "HYBRIDAGG_PS_PART_BYTES",
         "4194304",
         "Parameter-server messages are cut into parts of about this size; a "
