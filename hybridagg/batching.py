@@ -111,6 +111,10 @@ class BatchController:
         smoothing: Weight of the newest window in the running estimate of
             each worker's seconds per sample (1: no memory).
         window: Steps per measurement window (a decision after each).
+        first_window: Steps of the first window, before any estimate
+            exists (default: ``window``). The initial split is blind, so an
+            early first decision recovers most of the imbalance; later
+            windows refine it with ``smoothing``.
         min_batch: Smallest batch of a worker.
         max_batch: Largest batch of a worker (device memory), or ``None``.
     """
@@ -120,6 +124,7 @@ class BatchController:
     deadband: float = 0.2
     smoothing: float = 0.5
     window: int = 10
+    first_window: int | None = None
     min_batch: int = 1
     max_batch: int | None = None
     estimate: list[float | None] = field(default_factory=list)
@@ -139,6 +144,10 @@ class BatchController:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1 step, got {self.window}")
+        if self.first_window is None:
+            self.first_window = self.window
+        if self.first_window < 1:
+            raise ValueError(f"first_window must be >= 1 step, got {self.first_window}")
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise ValueError("max_batch must be >= min_batch")
         n = len(self.batches)
@@ -173,9 +182,15 @@ class BatchController:
         for i, (t, s) in enumerate(zip(seconds, samples, strict=True)):
             self.add(i, t, s)
         self._steps += 1
-        if self._steps < self.window:
+        if self._steps < self.steps_to_decide():
             return None
         return self.decide()
+
+    def steps_to_decide(self) -> int:
+        """Steps in the current window: ``first_window`` until every worker has an estimate."""
+        if any(e is None for e in self.estimate):
+            return int(self.first_window)  # type: ignore[arg-type]
+        return self.window
 
     def set_total(self, total: int) -> list[int]:
         """Keep ``total`` samples from now on (split by the current estimate)."""

@@ -441,12 +441,20 @@ class Comm:
     ) -> torch.Tensor | np.ndarray:
         """All-reduce ``x`` in place (polled); returns ``x``.
 
-        Large sums of CPU tensors take the ring (see :meth:`start_allreduce`).
+        Sums of CPU tensors of at least ``HYBRIDAGG_RING_MIN_BYTES`` and
+        below ``HYBRIDAGG_SETTLED_MAX_BYTES`` wait in a polled barrier and
+        then take a blocking ``MPI_Allreduce`` (this call has nothing to
+        overlap, and once everyone is there the blocking call is the
+        fastest); larger ones take the ring (see :meth:`start_allreduce`).
         """
         if self.size == 1:
             return x
         if op == MPI.SUM and isinstance(x, torch.Tensor) and x.is_contiguous():
-            test = self.start_allreduce(x)
+            nbytes = x.numel() * x.element_size()
+            settled = _ring_min_bytes() <= nbytes < _settled_max_bytes()
+            if settled:
+                self.barrier(what=what or "allreduce")
+            test = self.start_allreduce(x, settled=settled)
             self.wait_for(test, what or "allreduce", activity=lambda: self.events)
         else:
             self.wait(self.iallreduce(x, op), what or "allreduce")

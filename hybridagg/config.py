@@ -81,9 +81,10 @@ _DECLARED = [
         "33554432",
         "The gradient bucket that completes last in backward (nothing is "
         "left to overlap) is reduced after synchronize()'s control "
-        "all-reduce has shown every rank arrived; below this size it then "
-        "takes a blocking MPI_Allreduce, which beat both the ring and "
-        "MPI_Iallreduce up to 16 MiB here (0: never).",
+        "all-reduce has shown every rank arrived, and Comm.allreduce of at "
+        "least HYBRIDAGG_RING_MIN_BYTES after a polled barrier: below this "
+        "size both then take a blocking MPI_Allreduce, which beat the ring "
+        "and MPI_Iallreduce up to 16 MiB here (0: never).",
     ),
     EnvVar(
         "HYBRIDAGG_DATA_DIRECT_READ",

@@ -62,6 +62,18 @@ def test_batches_converge_to_speed_ratios_and_follow_a_change():
     assert sum(b) == 128 and b[2] / b[0] == pytest.approx(4, rel=0.1)
 
 
+def test_first_window_decides_early_then_windows_take_over():
+    ctrl = BatchController([32] * 4, deadband=0.05, window=5, first_window=2)
+    d = feed(ctrl, [1, 1, 4, 4], 2)
+    assert len(d) == 1 and d[0].new == [51, 51, 13, 13]  # after 2 steps
+    assert ctrl.steps_to_decide() == 5
+    assert feed(ctrl, [1, 1, 4, 4], 4) == []  # balanced, and no window closed yet
+    late = BatchController([32] * 4, deadband=0.05, window=5)
+    assert feed(late, [1, 1, 4, 4], 4) == [] and len(feed(late, [1, 1, 4, 4], 1)) == 1
+    with pytest.raises(ValueError, match="first_window"):
+        BatchController([4, 4], first_window=0)
+
+
 def test_controller_validates_its_settings():
     with pytest.raises(ValueError, match="deadband"):
         BatchController([4, 4], deadband=1.5)

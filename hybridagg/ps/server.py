@@ -232,6 +232,8 @@ class _Server:
             max_batch=options.get("max_group_batch"),
         )
         self.batch_window = max(1, int(options["window"])) * self.G
+        first = options.get("first_window") or options["window"]
+        self.first_batch_window = max(1, int(first)) * self.G
         self.assigned = list(self.batcher.batches)
 
     def _observe_batch(self, g: int, seconds_per_sample: float, samples: float) -> None:
@@ -239,7 +241,8 @@ class _Server:
             return
         self.batcher.add(g, seconds_per_sample * samples, samples)
         self.pushes += 1
-        if self.pushes < self.batch_window:
+        unknown = any(e is None for e in self.batcher.estimate)
+        if self.pushes < (self.first_batch_window if unknown else self.batch_window):
             return
         self.pushes = 0
         decision = self.batcher.decide()

@@ -30,6 +30,7 @@ def server_batching(cfg, topo) -> dict | None:
         "deadband": cfg.batch_deadband,
         "smoothing": cfg.batch_smoothing,
         "window": cfg.batch_window,
+        "first_window": cfg.batch_first_window,
         "min_batch": cfg.min_batch * max(sizes),
         "max_group_batch": cfg.max_batch * min(sizes) if cfg.max_batch else None,
     }
@@ -68,6 +69,7 @@ class AdaptiveBatches:
                 deadband=cfg.batch_deadband,
                 smoothing=cfg.batch_smoothing,
                 window=cfg.batch_window,
+                first_window=cfg.batch_first_window,
                 min_batch=cfg.min_batch,
                 max_batch=cfg.max_batch,
             )

@@ -57,6 +57,7 @@ class TrainConfig:
     adaptive_groups: bool = False
     batch_deadband: float = 0.2
     batch_window: int = 5
+    batch_first_window: int = 2
     batch_smoothing: float = 0.5
     min_batch: int = 1
     max_batch: int | None = None
@@ -131,8 +132,10 @@ class TrainConfig:
             raise ValueError(
                 f"--batch-smoothing must be in (0, 1], got {self.batch_smoothing}"
             )
-        if self.batch_window < 1 or self.min_batch < 1:
-            raise ValueError("--batch-window and --min-batch must be >= 1")
+        if self.batch_window < 1 or self.batch_first_window < 1 or self.min_batch < 1:
+            raise ValueError(
+                "--batch-window, --batch-first-window and --min-batch must be >= 1"
+            )
         if self.max_batch is not None and not (
             self.min_batch <= self.batch_size <= self.max_batch
         ):
@@ -285,6 +288,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=5,
         help="steps per measurement window (one decision per window)",
+    )
+    g.add_argument(
+        "--batch-first-window",
+        type=int,
+        default=2,
+        help="steps of the first window, before any speed is known (default 2)",
     )
     g.add_argument(
         "--batch-smoothing",
