@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from .comm import Comm, alloc, poll
+from .comm import Comm, alloc, poll, ring_min_bytes
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -330,10 +330,13 @@ class GradientReducer:
         # left to overlap: a flat MPI reduction posts it in synchronize() once
         # the control all-reduce shows every rank is there, as a "settled"
         # all-reduce (a blocking MPI_Allreduce; see Comm.start_allreduce).
-        # (flat only: every rank of the transport must decide alike)
+        # (flat only: every rank of the transport must decide alike; small
+        # buckets are posted at once, as the wait for the control all-reduce
+        # would add a round of latency to them)
         self._defer_last = (
             not hierarchical
             and bool(self.stages)
+            and self.buckets[-1].nbytes >= ring_min_bytes()
             and isinstance(transport, _MPITransport)
             and self.buckets[-1].flat.device.type == "cpu"
         )

@@ -44,6 +44,7 @@ __all__ = [
     "install_abort_hook",
     "mpi_dtype",
     "poll",
+    "ring_min_bytes",
     "wait",
 ]
 
@@ -188,7 +189,8 @@ def _reduce_timer_slack() -> None:
 _reduce_timer_slack()
 
 
-def _ring_min_bytes() -> int:
+def ring_min_bytes() -> int:
+    """``HYBRIDAGG_RING_MIN_BYTES``: the smallest sum all-reduce that takes the ring."""
     value = config.get_int("HYBRIDAGG_RING_MIN_BYTES")
     return 2**20 if value is None else value
 
@@ -428,7 +430,7 @@ class Comm:
             self.mpi.Allreduce(MPI.IN_PLACE, as_buffer(x), MPI.SUM)
             self.events += 1
             return lambda: True
-        if self.size > 1 and nbytes >= _ring_min_bytes():
+        if self.size > 1 and nbytes >= ring_min_bytes():
             from .ring import RingAllreduce
 
             ring = RingAllreduce(self, x, self._rings, _ring_chunk_bytes())
@@ -451,7 +453,7 @@ class Comm:
             return x
         if op == MPI.SUM and isinstance(x, torch.Tensor) and x.is_contiguous():
             nbytes = x.numel() * x.element_size()
-            settled = _ring_min_bytes() <= nbytes < _settled_max_bytes()
+            settled = ring_min_bytes() <= nbytes < _settled_max_bytes()
             if settled:
                 self.barrier(what=what or "allreduce")
             test = self.start_allreduce(x, settled=settled)

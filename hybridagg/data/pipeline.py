@@ -95,7 +95,11 @@ class Prefetcher:
     def _run(self, gen: Iterator) -> None:
         try:
             for item in gen:
-                if not self._put(item):
+                # stop is checked before every put: close() drains the queue,
+                # which would otherwise let this thread refill it and then
+                # sleep in put()'s timeout before noticing (a 50 ms stall of
+                # every batch-size change)
+                if self.stop.is_set() or not self._put(item):
                     break
             else:
                 self._put(STOP)
@@ -216,7 +220,7 @@ def _read_ahead(job: Job, depth: int = 2) -> Iterator[tuple]:
         gen = _read_windows(job, pool)
         try:
             for item in gen:
-                if not put(item):
+                if stop.is_set() or not put(item):
                     break
             else:
                 put(STOP)
@@ -245,7 +249,9 @@ def _read_ahead(job: Job, depth: int = 2) -> Iterator[tuple]:
         pool.put(None)
         while thread.is_alive():
             with contextlib.suppress(queue.Empty):
-                out.get(timeout=0.05)
+                while True:
+                    out.get_nowait()
+            thread.join(0.002)
         thread.join()
 
 
