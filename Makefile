@@ -77,7 +77,7 @@ MPIO_PY := $(MPIO_VENV)/bin/python
 MPIO_STAMP := $(MPIO_VENV)/.installed-mpio
 MPIO_HDF5_DIR ?= /usr/lib/x86_64-linux-gnu/hdf5/openmpi
 MPIO_APT := openmpi-bin libopenmpi-dev libhdf5-openmpi-dev
-MPIO_TESTS ?= tests/test_data_loader.py tests/test_data_errors.py tests/test_data_resume.py
+MPIO_TESTS ?= tests/test_data_loader.py tests/test_data_errors.py tests/test_data_resume.py tests/test_data_direct.py
 
 .PHONY: test-mpio install-mpio
 
