@@ -20,7 +20,12 @@ Implementations:
     mpi4py          blocking MPI_Allreduce on a numpy buffer.
     mpi4py-nb       MPI_Iallreduce + MPI_Wait on the same buffer.
     gloo            torch.distributed all_reduce with the gloo backend (DDP's CPU path).
-    horovod         hvd.allreduce_ (sum), when horovod.torch imports.
+    horovod         hvd.allreduce_ (sum), only when asked (``--impls horovod``) and
+                    importable, best in a run of its own: Horovod's background
+                    thread wakes every HOROVOD_CYCLE_TIME and, on a small
+                    machine, takes CPU from the other implementations (measured
+                    here on 2 cores: 4 KiB latencies of every other
+                    implementation grew 5-10x with Horovod initialised).
 """
 
 from __future__ import annotations
@@ -127,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         "--reps", type=int, default=40, help="repetitions at 1 MiB and below"
     )
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument(
+        "--impls",
+        default=",".join(i for i in IMPLS if i != "horovod"),
+        help=f"comma-separated, from {IMPLS} (default: all but horovod)",
+    )
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--json", help="write one record per (impl, ranks, bytes) here")
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
 """Markdown tables for bench/RESULTS.md from the benchmarks' ``--json`` files.
 
-``python bench/tables.py allreduce FILE.json`` or ``python bench/tables.py ps FILE.json``.
+``python bench/tables.py allreduce FILE.json [MORE.json ...]`` or
+``python bench/tables.py ps FILE.json`` (several files: their records together).
 """
 
 from __future__ import annotations
@@ -80,5 +81,6 @@ def ps(recs: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    kind, path = sys.argv[1], sys.argv[2]
-    print({"allreduce": allreduce, "ps": ps}[kind](json.loads(Path(path).read_text())))
+    kind, paths = sys.argv[1], sys.argv[2:]
+    records = [r for p in paths for r in json.loads(Path(p).read_text())]
+    print({"allreduce": allreduce, "ps": ps}[kind](records))
