@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Sequence
 
 import h5py
@@ -105,6 +106,8 @@ class ChunkMap:
             raise ValueError("chunks end past the end of the file (truncated?)")
         self.offsets = offsets
         self.fd = os.open(path, os.O_RDONLY)
+        # closed also when a later file of the split fails to open
+        self._close = weakref.finalize(self, os.close, self.fd)
 
     def segments(self, start: int, stop: int) -> list[tuple[int, int]]:
         """``(file offset, bytes)`` of rows ``start:stop``, merged where adjacent."""
@@ -135,7 +138,7 @@ class ChunkMap:
             at += nbytes
 
     def close(self) -> None:
-        os.close(self.fd)
+        self._close()
 
 
 def _chunk_map(path: str, dset: h5py.Dataset) -> ChunkMap | None:
