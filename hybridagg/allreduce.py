@@ -18,15 +18,20 @@ pipelined ring of point-to-point messages (:mod:`hybridagg.ring`), which ran
 testing at full speed while the ring's stages complete. The last bucket is
 complete only when backward ends, so there is nothing left to overlap it
 with: in flat mode it is posted in ``synchronize()`` once the control
-all-reduce has shown every rank is there, as a blocking ``MPI_Allreduce``
-below ``HYBRIDAGG_SETTLED_MAX_BYTES`` (faster than the ring and than
-``MPI_Iallreduce`` at those sizes here; it cannot spin on a late peer).
+all-reduce has shown every rank is there, as a ring of blocking
+``MPI_Sendrecv`` calls below ``HYBRIDAGG_SETTLED_MAX_BYTES``
+(:func:`hybridagg.ring.settled_allreduce`; it cannot spin on a late peer).
 
 Weighting: each rank's gradient enters multiplied by its sample count, and
 the sum is divided by the total, so ranks with different batch sizes give
 exactly the gradient of the union batch. The counts travel in a small
 control all-reduce that also carries misuse flags and which parameters got
-a gradient anywhere, so a misuse on one rank is reported on every rank.
+a gradient anywhere, so a misuse on one rank is reported on every rank. The
+settled last bucket instead keeps raw gradients and gets each rank's weight
+(samples / total, known once the control all-reduce is done) inside its
+reduction, fused into the ring's additions: no multiplication and no
+division pass over it, which at 16 MiB cost as much as the transfer's gap
+to a bare ``MPI_Allreduce``.
 
 Stages: with one group the reduction is a flat all-reduce. Hierarchical
 (``cross`` given): reduce to the group leader, all-reduce across leaders,
@@ -50,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from .comm import Comm, alloc, poll, ring_min_bytes
+from .comm import Comm, alloc, poll, ring_min_bytes, settled_max_bytes
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -113,8 +118,8 @@ class _MPITransport(_Transport):
     def events(self) -> int:
         return self.comm.events
 
-    def iallreduce(self, buf, settled: bool = False):
-        return self.comm.start_allreduce(buf, settled=settled)
+    def iallreduce(self, buf, settled: bool = False, weights=None):
+        return self.comm.start_allreduce(buf, settled=settled, weights=weights)
 
     def ireduce(self, buf, root):
         from .comm import as_buffer
@@ -340,6 +345,18 @@ class GradientReducer:
             and isinstance(transport, _MPITransport)
             and self.buckets[-1].flat.device.type == "cpu"
         )
+        # ...and when that settled reduction is done by blocking calls, it
+        # also applies each rank's weight (samples / total), so the last
+        # bucket holds raw gradients until then and needs no division pass.
+        # (the weights are indexed by group rank: only when the control
+        # communicator is the group itself, as in every flat reducer)
+        self._weighted_last = (
+            self._defer_last
+            and self.buckets[-1].nbytes < settled_max_bytes()
+            and transport.size == control.size
+        )
+        self._raw = set(self.buckets[-1].params) if self._weighted_last else set()
+        self._weights: list[float] | None = None
         self._settling = False
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -394,7 +411,7 @@ class GradientReducer:
             return
         if grad.data_ptr() != view.data_ptr():  # not accumulated in the bucket
             view.copy_(grad)
-        if self.samples != 1.0:
+        if self.samples != 1.0 and i not in self._raw:
             view.mul_(self.samples)
 
     def point_grads_at_buckets(self) -> None:
@@ -437,7 +454,11 @@ class GradientReducer:
                 last = s == 0 and k == len(self.buckets) - 1 and self._defer_last
                 if last and not self._settling:
                     continue
-                if last:
+                if last and self._weighted_last:
+                    bucket.test = transport.iallreduce(
+                        bucket.flat, settled=True, weights=self._weights
+                    )
+                elif last:
                     bucket.test = transport.iallreduce(bucket.flat, settled=True)
                 else:
                     bucket.test = self._start(stage, transport, bucket)
@@ -483,9 +504,11 @@ class GradientReducer:
                 self._copy_in(i, None)
                 self.buckets[b].ready[slot] = True
         # control: [samples, misuse per rank..., got-grad per parameter...,
-        #           shared values per rank...]
+        #           shared values per rank..., samples per group rank...]
         size, rank, nparams = self.control.size, self.control.rank, len(self.params)
-        ctrl = torch.zeros(1 + size + nparams + size * SHARE_SLOTS, dtype=torch.float64)
+        per_rank = 1 + size + nparams + size * SHARE_SLOTS
+        ctrl = torch.zeros(per_rank + size, dtype=torch.float64)
+        ctrl[per_rank + self.transport.rank] = self.samples
         ctrl[0] = self.samples
         ctrl[1 + rank] = self._misuse
         ctrl[1 + size : 1 + size + nparams] = torch.tensor(
@@ -501,6 +524,8 @@ class GradientReducer:
             finished = self.progress()
             if self._defer_last and not self._settling and ctrl_req.Test():
                 self._settling = True  # every rank is in synchronize()
+                if self._weighted_last and ctrl[0] > 0:
+                    self._weights = (ctrl[per_rank:] / ctrl[0]).tolist()
                 finished = self.progress()
             return finished and ctrl_req.Test()
 
@@ -521,9 +546,9 @@ class GradientReducer:
         total = float(ctrl[0])
         self.last_total_samples = total
         anywhere = ctrl[1 + size : 1 + size + nparams].tolist()
-        self.shared = ctrl[1 + size + nparams :].view(size, SHARE_SLOTS).clone()
+        self.shared = ctrl[1 + size + nparams : per_rank].view(size, SHARE_SLOTS).clone()
         if total > 0:
-            for bucket in self.buckets:
+            for bucket in self.buckets[:-1] if self._weighted_last else self.buckets:
                 bucket.flat.div_(total)
         for i, p in enumerate(self.params):
             # a parameter no rank computed a gradient for keeps none, as locally
@@ -542,6 +567,7 @@ class GradientReducer:
             bucket.test = None
         self._next = [0] * len(self.stages)
         self._settling = False
+        self._weights = None
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False

@@ -45,6 +45,7 @@ __all__ = [
     "mpi_dtype",
     "poll",
     "ring_min_bytes",
+    "settled_max_bytes",
     "wait",
 ]
 
@@ -202,7 +203,8 @@ def _ring_chunk_bytes() -> int:
     return 4 * 2**20 if value is None else value
 
 
-def _settled_max_bytes() -> int:
+def settled_max_bytes() -> int:
+    """``HYBRIDAGG_SETTLED_MAX_BYTES``: the largest settled all-reduce done by blocking calls."""
     value = config.get_int("HYBRIDAGG_SETTLED_MAX_BYTES")
     return 32 * 2**20 if value is None else value
 
@@ -406,7 +408,11 @@ class Comm:
         return self.mpi.Iallreduce(MPI.IN_PLACE, as_buffer(x), op)
 
     def start_allreduce(
-        self, x: torch.Tensor, *, settled: bool = False
+        self,
+        x: torch.Tensor,
+        *,
+        settled: bool = False,
+        weights: Sequence[float] | None = None,
     ) -> Callable[[], bool]:
         """Post an in-place sum all-reduce of a CPU tensor; returns its ``test()``.
 
@@ -421,15 +427,26 @@ class Comm:
                 have arrived (the caller saw a collective complete that each
                 rank posted just before this call, e.g. the last gradient
                 bucket after ``synchronize()``'s control all-reduce).
-                Buffers below ``HYBRIDAGG_SETTLED_MAX_BYTES`` then take a
-                blocking ``MPI_Allreduce`` right away, the fastest choice up
-                to mid sizes here; it cannot spin long since nobody is late.
+                Buffers below ``HYBRIDAGG_SETTLED_MAX_BYTES`` are then
+                reduced right away by blocking calls
+                (:func:`hybridagg.ring.settled_allreduce`), the fastest choice
+                up to mid sizes here; they cannot spin long since nobody is
+                late.
+            weights: Per-rank factors of the sum (``sum_i w_i x_i``), fused
+                into the reduction; only on the settled path (see
+                :func:`settled_max_bytes`).
         """
         nbytes = x.numel() * x.element_size()
-        if self.size > 1 and settled and nbytes < _settled_max_bytes():
-            self.mpi.Allreduce(MPI.IN_PLACE, as_buffer(x), MPI.SUM)
-            self.events += 1
+        if settled and nbytes < settled_max_bytes():
+            from .ring import settled_allreduce
+
+            settled_allreduce(self, x, weights)
             return lambda: True
+        if weights is not None:
+            raise ValueError(
+                "weights are fused only into a settled all-reduce below "
+                f"HYBRIDAGG_SETTLED_MAX_BYTES, not one of {nbytes} bytes"
+            )
         if self.size > 1 and nbytes >= ring_min_bytes():
             from .ring import RingAllreduce
 
@@ -453,7 +470,7 @@ class Comm:
             return x
         if op == MPI.SUM and isinstance(x, torch.Tensor) and x.is_contiguous():
             nbytes = x.numel() * x.element_size()
-            settled = ring_min_bytes() <= nbytes < _settled_max_bytes()
+            settled = ring_min_bytes() <= nbytes < settled_max_bytes()
             if settled:
                 self.barrier(what=what or "allreduce")
             test = self.start_allreduce(x, settled=settled)

@@ -83,8 +83,10 @@ _DECLARED = [
         "left to overlap) is reduced after synchronize()'s control "
         "all-reduce has shown every rank arrived, and Comm.allreduce of at "
         "least HYBRIDAGG_RING_MIN_BYTES after a polled barrier: below this "
-        "size both then take a blocking MPI_Allreduce, which beat the ring "
-        "and MPI_Iallreduce up to 16 MiB here (0: never).",
+        "size both then take a ring of blocking MPI_Sendrecv calls (the "
+        "bucket's weighted average fused into its additions), which beat "
+        "the polled ring, MPI_Iallreduce and MPI_Allreduce plus a division "
+        "up to 16 MiB here (0: never).",
     ),
     EnvVar(
         "HYBRIDAGG_DATA_DIRECT_READ",

@@ -77,15 +77,21 @@ def run_against_reference(groups, kind, backend="mpi", steps=5, clip=None, sched
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
     if sched:
         assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] < 0.1
-    return topo
+    return opt
 
 
 @pytest.mark.mpi(ranks=RANKS, timeout=180)
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-@pytest.mark.parametrize("layout", ["flat", "hierarchical"])
-def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout):
-    groups = "world" if layout == "flat" else HIERARCHICAL[mpi_ranks]
-    run_against_reference(groups, kind)
+@pytest.mark.parametrize("layout", ["flat", "flat-settled", "hierarchical"])
+def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypatch):
+    if layout == "flat-settled":
+        # every bucket counts as large: the ring, and the last bucket deferred
+        # to synchronize() with the weighted average fused into its reduction
+        monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    groups = HIERARCHICAL[mpi_ranks] if layout == "hierarchical" else "world"
+    opt = run_against_reference(groups, kind)
+    weighted = opt.reducer._weighted_last
+    assert weighted == (layout == "flat-settled" and mpi_ranks > 1)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)

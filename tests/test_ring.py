@@ -74,3 +74,32 @@ def test_comm_allreduce_takes_the_ring_above_the_threshold(mpi_ranks, monkeypatc
     comm.allreduce(y)  # small numpy buffers: MPI_Iallreduce
     assert np.all(y == comm.size)
     comm.free()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
+def test_settled_allreduce_fuses_the_weights_into_the_sum(mpi_ranks):
+    from hybridagg.comm import Comm
+    from hybridagg.ring import settled_allreduce
+
+    comm = Comm(name="settled-test")
+    n = comm.size
+    cases = [
+        None,
+        [1.0 / n] * n,  # an average (at 2 ranks: one lerp)
+        [float(i) / (n * (n - 1) / 2 or 1) for i in range(n)],  # rank 0 weighs 0
+        [0.5 + i for i in range(n)],  # weights that do not sum to 1
+    ]
+    for numel in [0, 1, 2, 7, 1001]:
+        for weights in cases:
+            g = torch.Generator().manual_seed(numel)
+            data = torch.randn(n, numel, generator=g, dtype=torch.float64)
+            buf = data[comm.rank].clone()
+            settled_allreduce(comm, buf, weights)
+            w = torch.ones(n, 1) if weights is None else torch.tensor(weights)[:, None]
+            expect = (w.to(torch.float64) * data).sum(0)
+            torch.testing.assert_close(buf, expect)
+            everyone = comm.allgather_obj(buf.numpy().tobytes())
+            assert all(e == everyone[0] for e in everyone)
+    with pytest.raises(ValueError, match=f"needs {n} weights, got {n + 1}"):
+        settled_allreduce(comm, torch.zeros(3), [1.0] * (n + 1))
+    comm.free()
