@@ -546,7 +546,9 @@ class GradientReducer:
         total = float(ctrl[0])
         self.last_total_samples = total
         anywhere = ctrl[1 + size : 1 + size + nparams].tolist()
-        self.shared = ctrl[1 + size + nparams : per_rank].view(size, SHARE_SLOTS).clone()
+        self.shared = (
+            ctrl[1 + size + nparams : per_rank].view(size, SHARE_SLOTS).clone()
+        )
         if total > 0:
             for bucket in self.buckets[:-1] if self._weighted_last else self.buckets:
                 bucket.flat.div_(total)
