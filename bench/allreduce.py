@@ -121,7 +121,7 @@ class Bench:
 
 
 def reps_for(nbytes: int, base: int) -> int:
-    return max(11, min(base, int(base * 2**20 / max(nbytes, 1))))
+    return max(25, min(base, int(base * 2**20 / max(nbytes, 1))))
 
 
 def main(argv: list[str] | None = None) -> int:

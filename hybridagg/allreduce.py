@@ -52,6 +52,7 @@ import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -507,15 +508,15 @@ class GradientReducer:
         #           shared values per rank..., samples per group rank...]
         size, rank, nparams = self.control.size, self.control.rank, len(self.params)
         per_rank = 1 + size + nparams + size * SHARE_SLOTS
-        ctrl = torch.zeros(per_rank + size, dtype=torch.float64)
+        # (numpy: a torch element assignment costs microseconds, and this
+        # runs on every step)
+        ctrl = np.zeros(per_rank + size, dtype=np.float64)
         ctrl[per_rank + self.transport.rank] = self.samples
         ctrl[0] = self.samples
         ctrl[1 + rank] = self._misuse
-        ctrl[1 + size : 1 + size + nparams] = torch.tensor(
-            self._got_grad, dtype=torch.float64
-        )
+        ctrl[1 + size : 1 + size + nparams] = self._got_grad
         base = 1 + size + nparams + rank * SHARE_SLOTS
-        ctrl[base : base + SHARE_SLOTS] = self.share_out
+        ctrl[base : base + SHARE_SLOTS] = self.share_out.numpy()
         ctrl_req = self.control.iallreduce(ctrl)
         what = f"gradient all-reduce on {self.transport.name}"
         transports = [t for _, t in self.stages]
@@ -546,8 +547,8 @@ class GradientReducer:
         total = float(ctrl[0])
         self.last_total_samples = total
         anywhere = ctrl[1 + size : 1 + size + nparams].tolist()
-        self.shared = (
-            ctrl[1 + size + nparams : per_rank].view(size, SHARE_SLOTS).clone()
+        self.shared = torch.from_numpy(
+            ctrl[1 + size + nparams : per_rank].reshape(size, SHARE_SLOTS).copy()
         )
         if total > 0:
             for bucket in self.buckets[:-1] if self._weighted_last else self.buckets:
