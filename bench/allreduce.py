@@ -86,7 +86,7 @@ class Bench:
     def run(self, impl: str) -> float:
         """One repetition of ``impl`` on this rank; returns seconds."""
         comm = self.comm
-        comm.barrier(what="bench barrier")
+        comm.mpi.Barrier()  # blocking, as OSU: ranks leave it together
         if impl == "hybridagg":
             self.opt.zero_grad()
             with self.opt.no_sync():
@@ -94,7 +94,7 @@ class Bench:
                 self._backward()
                 local = time.perf_counter() - start
             self.opt.zero_grad()
-            comm.barrier(what="bench barrier")
+            comm.mpi.Barrier()  # blocking, as OSU: ranks leave it together
             start = time.perf_counter()
             self._backward()
             self.opt.synchronize()
