@@ -383,6 +383,11 @@ def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
                 if int(p) != proc.pid
             ]
             ranks = [p for p in ranks if _parent(p) != os.getpid()]
+        # a rank is found as soon as it is exec'd, but catches the signal only
+        # once the CLI has installed its handler (after Python and the package
+        # start, which took over 4 s on a loaded machine)
+        while time.monotonic() < deadline and not all(map(_catches_usr1, ranks)):
+            time.sleep(0.2)
         time.sleep(4)  # let training start
         for pid in ranks:
             os.kill(pid, signal.SIGUSR1)
@@ -395,6 +400,16 @@ def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
     s = summary(tmp_path / "s.json")
     assert latest is not None and 0 < s["steps"] < 100000
     assert load_part(latest, 0)["updates"] == s["steps"]
+
+
+def _catches_usr1(pid: int) -> bool:
+    """Whether ``pid`` has a handler installed for SIGUSR1 (``SigCgt``)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            caught = next(ln for ln in fh if ln.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
 
 
 def _parent(pid: int) -> int:
