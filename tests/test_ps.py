@@ -117,7 +117,9 @@ def test_hybrid_with_one_group_reproduces_sync(mpi_ranks, kind, servers):
     exactness(kind, servers)
 
 
-def least_squares_run(mode, groups, servers, slowdown, steps=60, bound=None):
+def least_squares_run(
+    mode, groups, servers, slowdown, steps=60, bound=None, overlap=False
+):
     """Train w on y = X w* (+ noise-free); returns (distance to w*, info)."""
     import hybridagg
 
@@ -138,6 +140,7 @@ def least_squares_run(mode, groups, servers, slowdown, steps=60, bound=None):
         mode=mode,
         compensation=hybridagg.Compensation(reference_batch=16),
         staleness_bound=bound,
+        overlap=overlap,
     )
     rng = torch.Generator().manual_seed(100 + topo.rank)
     stale = []
@@ -187,6 +190,19 @@ def test_staleness_bound_holds_and_unbounded_fast_group_runs_ahead():
         assert bounded.held > 0  # the fast group was made to wait
         counts = bounded.updates_per_leader
         assert counts == [30, 30]
+
+
+@pytest.mark.mpi(ranks=3, timeout=240)
+def test_overlap_counts_the_step_of_delay_and_converges():
+    """With one group, each overlapped gradient is exactly one version old."""
+    dist, info = least_squares_run("hybrid", "0-1", 1, {}, steps=120, overlap=True)
+    if dist is not None:
+        # step 1 sees no reply yet, step 2 the first one (staleness 0), then
+        # every gradient was computed before the previous update landed
+        assert info["stale"][2:] == [1] * (len(info["stale"]) - 2), info["stale"]
+        assert info["updates"] == 119  # the last reply is applied by finish()
+    if dist is not None and info["topo"].rank == 0:
+        assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
 
 
 @pytest.mark.mpi(ranks=4, timeout=240)
@@ -413,3 +429,46 @@ def test_a_worker_that_raises_ends_the_whole_job(tmp_path):
     assert result.returncode != 0
     assert "rank 1: unhandled RuntimeError: worker 1 lost its data" in out, out
     assert runner.processes_with_token(result.token) == []
+
+
+@pytest.mark.mpi(ranks=3, timeout=240)
+def test_a_leader_silent_after_an_overlapped_push_does_not_hold_the_others():
+    """The server must not wait for one group's reply before serving another.
+
+    1 MiB of weights: a reply too large to be sent eagerly completes only
+    inside the receiving leader's MPI calls, and an overlapping leader makes
+    none between its push and its next step (here: a nap, like a GPU step).
+    """
+    import hybridagg
+
+    topo = hybridagg.init(groups="0,1", servers=1)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        assert stats.updates_per_leader[1] == 3
+        # while the silent leader napped 3 x 0.5 s, the other one kept going
+        assert stats.updates_per_leader[0] >= 30, stats.updates_per_leader
+        return
+    model = torch.nn.Linear(4096, 64)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.001),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+        overlap=True,
+    )
+    x = torch.randn(8, 4096)
+    workers = topo.comms.workers
+    if topo.group == 0:
+        done = workers.mpi.Ibarrier()
+        while not done.Test():
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    else:
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            time.sleep(0.5)  # no MPI call: the reply to this push waits
+        workers.wait(workers.mpi.Ibarrier(), "silent leader done")
+    opt.finish()

@@ -75,6 +75,7 @@ class GroupExchange:
         self.bbuf = alloc(nbuf, torch.float64, zero=False) if nbuf else None
         self.head = torch.zeros(_HEAD, dtype=torch.float64)
         self.pending = None
+        self.unshared = False
         self.model_versions = [0] * (
             topology.comms.leaders.size - topology.num_groups if self.is_leader else 0
         )
@@ -91,27 +92,26 @@ class GroupExchange:
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
-        """Returns whether the model now holds new weights."""
-        client = self.client
-        new = False
+        """Returns whether the model holds weights the group has not been sent."""
         if self.overlap:
+            # the gradient was computed on the weights of the versions held
+            # before the pending reply is applied: that is its staleness
+            computed_on = list(self.model_versions)
             if self.pending is not None:
                 self._finish_pending()
-                new = True
             if samples > 0:
-                self.pending = self._push(grads, samples, lrs)
-            return new
-        if samples > 0:
-            self._apply(client.complete(self._push(grads, samples, lrs)))
-            new = True
+                self.pending = self._push(grads, samples, lrs, computed_on)
+        elif samples > 0:
+            self._apply(self.client.complete(self._push(grads, samples, lrs)))
+        new, self.unshared = self.unshared, False
         return new
 
-    def _push(self, grads, samples, lrs):
+    def _push(self, grads, samples, lrs, versions=None):
         return self.client.push(
             grads,
             samples,
             lrs,
-            self.model_versions,
+            self.model_versions if versions is None else versions,
             flags=self.stop_flags,
             info=self.info,
         )
@@ -123,6 +123,7 @@ class GroupExchange:
 
     def _apply(self, info: dict) -> None:
         self.client.unpack_into_model()
+        self.unshared = True  # (also after a pending reply completed by pull())
         self.model_versions = info["versions"]
         self.should_stop = self.should_stop or info["stop"]
         self.last_staleness = info["staleness"]

@@ -205,10 +205,17 @@ class _Server:
             self.ps.mpi.Irecv(self.headers[g], g, P.HDR) for g in range(self.G)
         ]
         self.reply_h = [np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(self.G)]
-        # Replies are sent from the shard itself (no copy); before the shard
-        # changes, every reply in flight is completed (the leader posted its
-        # receives before pushing, so this is quick).
+        # With one group, replies are sent from the shard itself (no copy);
+        # before the shard changes, the reply in flight is completed (the
+        # leader posted its receives before pushing, so this is quick). With
+        # several, each group's reply is sent from a copy of its own: a
+        # large reply completes only inside the receiving leader's MPI calls,
+        # and a leader that overlaps its exchange with compute makes none for
+        # a whole step, so waiting for it would pace every other group to it.
         self.sends: list[list[MPI.Request]] = [[] for _ in range(self.G)]
+        self.copies: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [
+            None
+        ] * self.G
         self.held: dict[int, tuple[int, float]] = {}
         self.done: set[int] = set()
         self.stopping = False
@@ -273,12 +280,31 @@ class _Server:
         )
         return h
 
+    def _reply_from(
+        self, g: int, a: int | None = None, b: int | None = None
+    ) -> torch.Tensor:
+        """The memory a reply to ``g`` sends weights ``[a, b)`` (None: buffers) from.
+
+        Call after :meth:`_head` (which completes ``g``'s previous reply).
+        """
+        shard = self.shard
+        src = shard.buffers if a is None else shard.flat[a:b]
+        if self.G == 1:
+            return src
+        if self.copies[g] is None:
+            bufs = None if shard.buffers is None else shard.buffers.clone()
+            self.copies[g] = (alloc(shard.flat.numel(), shard.flat.dtype), bufs)
+        weights, bufs = self.copies[g]
+        out = bufs if a is None else weights[a:b]
+        out.copy_(src)
+        return out
+
     def reply_whole(self, g: int, staleness: int, scale: float) -> None:
         reqs = [self.ps.mpi.Isend(self._head(g, staleness, scale), g, P.REPLY_HDR)]
         for a, b in self.shard.parts:
-            reqs.append(self.ps.isend(self.shard.flat[a:b], g, P.REPLY_W))
+            reqs.append(self.ps.isend(self._reply_from(g, a, b), g, P.REPLY_W))
         if self.shard.buffers is not None:
-            reqs.append(self.ps.isend(self.shard.buffers, g, P.REPLY_BUF))
+            reqs.append(self.ps.isend(self._reply_from(g), g, P.REPLY_BUF))
         self.sends[g] = reqs
 
     def too_far_ahead(self, g: int) -> bool:
@@ -309,7 +335,8 @@ class _Server:
         if shard.buffers is not None:
             incoming = torch.empty_like(shard.buffers)
             grads.append(ps.irecv(incoming, g, P.BUF))
-        ps.wait([r for reqs in self.sends for r in reqs], "replies in flight")
+        if self.G == 1:  # replies are sent from the shard itself
+            ps.wait(self.sends[0], "reply in flight")
         self.version += 1
         self.stats.updates_per_leader[g] += 1
         self.stats.max_staleness = max(self.stats.max_staleness, staleness)
@@ -328,12 +355,12 @@ class _Server:
             shard.apply(i, lrs, scale)
             applied += time.perf_counter() - t0
             if not hold:
-                reqs.append(ps.isend(shard.flat[a:b], g, P.REPLY_W))
+                reqs.append(ps.isend(self._reply_from(g, a, b), g, P.REPLY_W))
         if incoming is not None:
             ps.wait(grads[-1], f"buffers from leader {g}")
             shard.buffers.copy_(incoming)
             if not hold:
-                reqs.append(ps.isend(shard.buffers, g, P.REPLY_BUF))
+                reqs.append(ps.isend(self._reply_from(g), g, P.REPLY_BUF))
         self.sends[g] = reqs
         self.stats.apply_seconds += applied
         if len(self.stats.apply_times) < 10_000:
