@@ -133,6 +133,53 @@ def test_sync_batches_follow_speed_ratios_before_and_after_a_change(tmp_path):
     assert steps[-1]["batch"] == b0  # the loader cut the new size
 
 
+@pytest.mark.parametrize("probe", ["8", "0"])
+def test_probe_splits_the_batch_before_the_first_step(tmp_path, probe):
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "digits.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    metrics = tmp_path / "m.jsonl"
+    result = run_train(
+        2,
+        [
+            "--data",
+            str(data),
+            "--steps",
+            "3",
+            "--sample-ms",
+            "2",
+            "--no-progress",
+            "--slowdown",
+            "0:1,1:3",
+            "--adaptive-batch",
+            "--batch-deadband",
+            "0.05",
+            "--batch-window",
+            "100",
+            "--batch-first-window",
+            "100",
+            "--batch-probe",
+            probe,
+            "--metrics",
+            str(metrics),
+        ],
+    )
+    assert result.returncode == 0, output(result)[-3000:]
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    decisions = [r for r in recs if r["event"] == "batch"]
+    first = {
+        r["rank"]: r["batch"] for r in recs if r["event"] == "step" and r["step"] == 1
+    }
+    if probe == "0":  # nothing measured yet: the even split
+        assert decisions == [] and first == {0: 32, 1: 32}
+        return
+    assert {d["version"] for d in decisions} == {0} and len(decisions) == 2
+    b0, b1 = decisions[0]["new"]
+    assert b0 / b1 == pytest.approx(3, rel=0.1) and b0 + b1 == 64
+    assert first == {0: b0, 1: b1}  # the very first step already has them
+
+
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
 def test_reduced_gradient_is_the_union_batch_gradient_as_batches_change(
     mpi_tmp_path, mpi_ranks

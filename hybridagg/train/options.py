@@ -58,6 +58,7 @@ class TrainConfig:
     batch_deadband: float = 0.2
     batch_window: int = 5
     batch_first_window: int = 2
+    batch_probe: int | None = None
     batch_smoothing: float = 0.5
     min_batch: int = 1
     max_batch: int | None = None
@@ -136,6 +137,8 @@ class TrainConfig:
             raise ValueError(
                 "--batch-window, --batch-first-window and --min-batch must be >= 1"
             )
+        if self.batch_probe is not None and self.batch_probe < 0:
+            raise ValueError(f"--batch-probe must be >= 0, got {self.batch_probe}")
         if self.max_batch is not None and not (
             self.min_batch <= self.batch_size <= self.max_batch
         ):
@@ -294,6 +297,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         help="steps of the first window, before any speed is known (default 2)",
+    )
+    g.add_argument(
+        "--batch-probe",
+        type=int,
+        default=None,
+        help="sync and hybrid: before the first step every worker times this "
+        "many samples (a forward and backward on zeros, not trained on) and "
+        "the batch is split by the result, so the run does not start at the "
+        "slowest worker's pace (default: a quarter of --batch-size; 0: off)",
     )
     g.add_argument(
         "--batch-smoothing",

@@ -179,8 +179,10 @@ class WorkerRole:
         cfg, opt, loader = self.cfg, self.opt, self.loader
         pacer = Pacer(cfg.parsed_slowdown(), self.rank, cfg.sample_ms, self.start)
         bar = progress_bar(cfg, self.rank, self.opt.server_version)
-        batches, exhausted = iter(loader), False
         loss_fn = torch.nn.functional.cross_entropy
+        if cfg.adaptive_batch and self.resume is None:
+            self.adaptive.probe(self.model, loss_fn, pacer)
+        batches, exhausted = iter(loader), False
         while True:
             if (
                 cfg.steps is not None
