@@ -26,7 +26,9 @@ Weighting: each rank's gradient enters multiplied by its sample count, and
 the sum is divided by the total, so ranks with different batch sizes give
 exactly the gradient of the union batch. The counts travel in a small
 control all-reduce that also carries misuse flags and which parameters got
-a gradient anywhere, so a misuse on one rank is reported on every rank. The
+a gradient anywhere, so a misuse on one rank is reported on every rank. A
+small last bucket (at most 128 KiB, the only one of a small model) travels
+inside that control all-reduce instead of a collective of its own. The
 settled last bucket instead keeps raw gradients and gets each rank's weight
 (samples / total, known once the control all-reduce is done) inside its
 reduction, fused into the ring's additions: no multiplication and no
@@ -84,7 +86,7 @@ _MISUSE_TEXT = {
 
 
 # the largest last bucket that travels inside the control all-reduce
-_FUSE_MAX_BYTES = 256 * 2**10
+_FUSE_MAX_BYTES = 128 * 2**10
 
 
 class MisuseError(ValueError):
