@@ -80,8 +80,8 @@ _MISUSE_TEXT = {
     _NO_BACKWARD: "step() was called without backward() (a rank with no samples "
     "may skip backward only after set_samples(0))",
     _ZERO_GRAD: "zero_grad() was called between backward() and step()",
-    _TWICE: "backward() ran twice before step() while gradients were being "
-    "reduced; use `with optimizer.no_sync():` for gradient accumulation",
+    _TWICE: "backward() ran twice before step(); use `with optimizer.no_sync():` "
+    "for gradient accumulation",
 }
 
 
@@ -417,7 +417,9 @@ class GradientReducer:
             self._fired = True
             b, slot = self._where[i]
             bucket = self.buckets[b]
-            if bucket.stage_done > 0 or bucket.test is not None:
+            # (a bucket held back for synchronize() is never in flight during
+            # backward: a second gradient of the same parameter shows it)
+            if bucket.stage_done > 0 or bucket.test is not None or self._got_grad[i]:
                 self._misuse = self._misuse or _TWICE
                 return
             self._copy_in(i, param.grad)

@@ -175,6 +175,14 @@ def test_misuse_is_an_error_on_every_rank(mpi_ranks):
         opt.zero_grad()
     with pytest.raises(MisuseError, match=r"\[rank 0\] zero_grad\(\) was called"):
         opt.step()
+    # backward() twice on the last rank only (the model's one small bucket is
+    # reduced in synchronize(), so nothing is in flight when it happens)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    if topo.rank == last:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    with pytest.raises(MisuseError, match=rf"\[rank {last}\] backward\(\) ran twice"):
+        opt.step()
     # after the errors the optimizer still works
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()

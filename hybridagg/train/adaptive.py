@@ -97,17 +97,20 @@ class AdaptiveBatches:
         x = torch.zeros((k, *self.loader.sample_shape), dtype=param.dtype)
         y = torch.zeros(k, dtype=torch.long)
         x, y = x.to(param.device), y.to(param.device)
-        was_training = model.training
+        modes = [(m, m.training) for m in model.modules()]  # some may be frozen
         model.eval()
-        with self.opt.no_sync():
-            # once untimed: a first pass pays one-time costs (allocations,
-            # lazy initialisation) that made fast workers look 2x slower
-            loss_fn(model(x), y).backward()
-            t0 = time.perf_counter()
-            loss_fn(model(x), y).backward()
-            compute = time.perf_counter() - t0
+        try:
+            with self.opt.no_sync():
+                # once untimed: a first pass pays one-time costs (allocations,
+                # lazy initialisation) that made fast workers look 2x slower
+                loss_fn(model(x), y).backward()
+                t0 = time.perf_counter()
+                loss_fn(model(x), y).backward()
+                compute = time.perf_counter() - t0
+        finally:
+            for module, training in modes:
+                module.training = training
         seconds = compute + pacer.pace(k, compute)
-        model.train(was_training)
         self.opt.zero_grad()
         timed = dict(scope.allgather_obj((self.rank, seconds), what="batch probe"))
         for i, rank in enumerate(self.members):
