@@ -558,7 +558,7 @@ class GradientReducer:
             if self._defer_last and not self._settling and ctrl_req.Test():
                 self._settling = True  # every rank is in synchronize()
                 if self._weighted_last and ctrl[0] > 0:
-                    self._weights = (ctrl[per_rank:] / ctrl[0]).tolist()
+                    self._weights = (ctrl[per_rank:at] / ctrl[0]).tolist()
                 finished = self.progress()
             return finished and ctrl_req.Test()
 

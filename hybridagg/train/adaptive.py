@@ -115,13 +115,16 @@ class AdaptiveBatches:
         timed = dict(scope.allgather_obj((self.rank, seconds), what="batch probe"))
         for i, rank in enumerate(self.members):
             self.batcher.add(i, timed[rank], k)
-        decision = self.batcher.decide()
+        self._apply_decision(self.batcher.decide())
+
+    def _apply_decision(self, decision) -> None:
+        """Apply the in-scope controller's decision, if it made one."""
         if decision is not None:
             self._apply_batches(
                 decision.old,
                 decision.new,
                 decision.seconds_per_sample,
-                "workers" if cfg.mode == "sync" else "group",
+                "workers" if self.cfg.mode == "sync" else "group",
             )
 
     def after_step(self) -> None:
@@ -130,14 +133,7 @@ class AdaptiveBatches:
         shared = opt.shared
         seconds, samples = shared[:, 1].tolist(), shared[:, 2].tolist()
         if self.batcher is not None:
-            decision = self.batcher.observe(seconds, samples)
-            if decision is not None:
-                self._apply_batches(
-                    decision.old,
-                    decision.new,
-                    decision.seconds_per_sample,
-                    "workers" if cfg.mode == "sync" else "group",
-                )
+            self._apply_decision(self.batcher.observe(seconds, samples))
         if cfg.mode == "sync":
             return
         if sum(samples) > 0:  # the group's time per sample, for server 0
