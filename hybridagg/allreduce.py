@@ -17,10 +17,11 @@ pipelined ring of point-to-point messages (:mod:`hybridagg.ring`), which ran
 2x faster than ``MPI_Iallreduce`` on large buffers here; the wait keeps
 testing at full speed while the ring's stages complete. The last bucket is
 complete only when backward ends, so there is nothing left to overlap it
-with: in flat mode it is posted in ``synchronize()`` once the control
-all-reduce has shown every rank is there, as a ring of blocking
-``MPI_Sendrecv`` calls below ``HYBRIDAGG_SETTLED_MAX_BYTES``
-(:func:`hybridagg.ring.settled_allreduce`; it cannot spin on a late peer).
+with: in flat mode it is reduced in ``synchronize()``, below
+``HYBRIDAGG_SETTLED_MAX_BYTES`` together with the control vector (see
+below), otherwise once the control all-reduce has shown every rank is
+there, as a settled all-reduce (:meth:`hybridagg.comm.Comm.start_allreduce`;
+it cannot spin on a late peer).
 
 Weighting: each rank's gradient enters multiplied by its sample count, and
 the sum is divided by the total, so ranks with different batch sizes give
@@ -28,12 +29,14 @@ exactly the gradient of the union batch. The counts travel in a small
 control all-reduce that also carries misuse flags and which parameters got
 a gradient anywhere, so a misuse on one rank is reported on every rank. A
 small last bucket (at most 128 KiB, the only one of a small model) travels
-inside that control all-reduce instead of a collective of its own. The
-settled last bucket instead keeps raw gradients and gets each rank's weight
-(samples / total, known once the control all-reduce is done) inside its
-reduction, fused into the ring's additions: no multiplication and no
-division pass over it, which at 16 MiB cost as much as the transfer's gap
-to a bare ``MPI_Allreduce``.
+inside that control all-reduce instead of a collective of its own. A
+deferred last bucket below ``HYBRIDAGG_SETTLED_MAX_BYTES`` works the other
+way round: the control vector travels inside its ring
+(:func:`hybridagg.ring.mean_allreduce`), which keeps raw gradients and
+merges them as a running mean weighted by the counts it carries: one
+polled round less per step, and no multiplication or division pass over
+the bucket, which at 16 MiB cost as much as the transfer's gap to a bare
+``MPI_Allreduce``.
 
 Stages: with one group the reduction is a flat all-reduce. Hierarchical
 (``cross`` given): reduce to the group leader, all-reduce across leaders,
@@ -59,6 +62,7 @@ import torch
 from mpi4py import MPI
 
 from .comm import Comm, alloc, poll, ring_min_bytes, settled_max_bytes
+from .ring import mean_allreduce
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -125,8 +129,8 @@ class _MPITransport(_Transport):
     def events(self) -> int:
         return self.comm.events
 
-    def iallreduce(self, buf, settled: bool = False, weights=None):
-        return self.comm.start_allreduce(buf, settled=settled, weights=weights)
+    def iallreduce(self, buf, settled: bool = False):
+        return self.comm.start_allreduce(buf, settled=settled)
 
     def ireduce(self, buf, root):
         from .comm import as_buffer
@@ -352,18 +356,17 @@ class GradientReducer:
             and isinstance(transport, _MPITransport)
             and self.buckets[-1].flat.device.type == "cpu"
         )
-        # ...and when that settled reduction is done by blocking calls, it
-        # also applies each rank's weight (samples / total), so the last
-        # bucket holds raw gradients until then and needs no division pass.
-        # (the weights are indexed by group rank: only when the control
-        # communicator is the group itself, as in every flat reducer)
-        self._weighted_last = (
+        # ...and below the settled size it is reduced by mean_allreduce, which
+        # also all-reduces the control vector and weights each rank's raw
+        # gradients by the sample count in it (no division pass). (only when
+        # the control communicator spans the group's ranks, as in every flat
+        # reducer: the control vector is laid out by control rank)
+        self._mean_last = (
             self._defer_last
             and self.buckets[-1].nbytes < settled_max_bytes()
             and transport.size == control.size
         )
-        self._raw = set(self.buckets[-1].params) if self._weighted_last else set()
-        self._weights: list[float] | None = None
+        self._raw = set(self.buckets[-1].params) if self._mean_last else set()
         # A small last bucket (the only one of a small model) rides along in
         # synchronize()'s control all-reduce instead of a collective of its
         # own: one round of latency per step instead of two (measured: the
@@ -480,12 +483,8 @@ class GradientReducer:
                     continue  # reduced with the control vector
                 last = s == 0 and k == len(self.buckets) - 1 and self._defer_last
                 if last and not self._settling:
-                    continue
-                if last and self._weighted_last:
-                    bucket.test = transport.iallreduce(
-                        bucket.flat, settled=True, weights=self._weights
-                    )
-                elif last:
+                    continue  # (a mean_allreduce bucket is never settling)
+                if last:
                     bucket.test = transport.iallreduce(bucket.flat, settled=True)
                 else:
                     bucket.test = self._start(stage, transport, bucket)
@@ -531,46 +530,43 @@ class GradientReducer:
                 self._copy_in(i, None)
                 self.buckets[b].ready[slot] = True
         # control: [samples, misuse per rank..., got-grad per parameter...,
-        #           shared values per rank..., samples per group rank...]
+        #           shared values per rank..., the fused bucket, if any]
         size, rank, nparams = self.control.size, self.control.rank, len(self.params)
         per_rank = 1 + size + nparams + size * SHARE_SLOTS
         # (numpy: a torch element assignment costs microseconds, and this
         # runs on every step)
         fused = self.buckets[-1] if self._fuse_last else None
-        at = per_rank + size
-        ctrl = np.zeros(at + (fused.flat.numel() if fused else 0), dtype=np.float64)
+        ctrl = np.zeros(
+            per_rank + (fused.flat.numel() if fused else 0), dtype=np.float64
+        )
         if fused is not None:
-            ctrl[at:] = fused.flat.numpy()
-        ctrl[per_rank + self.transport.rank] = self.samples
+            ctrl[per_rank:] = fused.flat.numpy()
         ctrl[0] = self.samples
         ctrl[1 + rank] = self._misuse
         ctrl[1 + size : 1 + size + nparams] = self._got_grad
         base = 1 + size + nparams + rank * SHARE_SLOTS
         ctrl[base : base + SHARE_SLOTS] = self.share_out.numpy()
-        ctrl_req = self.control.iallreduce(ctrl)
         what = f"gradient all-reduce on {self.transport.name}"
         transports = [t for _, t in self.stages]
+        activity = lambda: sum(t.events for t in transports)  # noqa: E731
+        if self._mean_last:
+            ctrl = self._reduce_last_with(ctrl, what, activity)
+        else:
+            ctrl_req = self.control.iallreduce(ctrl)
 
-        def done() -> bool:
-            if fused is not None and fused.stage_done == 0 and ctrl_req.Test():
-                fused.stage_done = len(self.stages)
-            finished = self.progress()
-            if self._defer_last and not self._settling and ctrl_req.Test():
-                self._settling = True  # every rank is in synchronize()
-                if self._weighted_last and ctrl[0] > 0:
-                    self._weights = (ctrl[per_rank:at] / ctrl[0]).tolist()
+            def done() -> bool:
+                if fused is not None and fused.stage_done == 0 and ctrl_req.Test():
+                    fused.stage_done = len(self.stages)
                 finished = self.progress()
-            return finished and ctrl_req.Test()
+                if self._defer_last and not self._settling and ctrl_req.Test():
+                    self._settling = True  # every rank is in synchronize()
+                    finished = self.progress()
+                return finished and ctrl_req.Test()
 
-        poll(
-            done,
-            what=what,
-            timeout=self.control.timeout,
-            activity=lambda: sum(t.events for t in transports),
-        )
+            poll(done, what=what, timeout=self.control.timeout, activity=activity)
         self.last_comm_seconds = time.perf_counter() - start
         if fused is not None:
-            fused.flat.copy_(torch.from_numpy(ctrl[at:]))
+            fused.flat.copy_(torch.from_numpy(ctrl[per_rank:]))
         self._reset()
         bad = {r: int(c) for r, c in enumerate(ctrl[1 : 1 + size].tolist()) if c}
         if bad:
@@ -585,7 +581,7 @@ class GradientReducer:
             ctrl[1 + size + nparams : per_rank].reshape(size, SHARE_SLOTS).copy()
         )
         if total > 0:
-            for bucket in self.buckets[:-1] if self._weighted_last else self.buckets:
+            for bucket in self.buckets[:-1] if self._mean_last else self.buckets:
                 bucket.flat.div_(total)
         for i, p in enumerate(self.params):
             # a parameter no rank computed a gradient for keeps none, as locally
@@ -597,6 +593,27 @@ class GradientReducer:
                 p.grad = torch.zeros_like(p)
         return total
 
+    def _reduce_last_with(self, ctrl: np.ndarray, what: str, activity) -> np.ndarray:
+        """Reduce the last bucket by ``mean_allreduce``, ``ctrl`` as its header.
+
+        The earlier buckets are finished first (they were posted during
+        backward, so this is normally no wait at all). Returns the summed
+        control vector.
+        """
+        head, last = self.buckets[:-1], self.buckets[-1]
+
+        def earlier_done() -> bool:
+            self.progress()
+            return all(self._bucket_done(b) for b in head)
+
+        poll(earlier_done, what=what, timeout=self.control.timeout, activity=activity)
+        comm = self.transport.comm
+        total = mean_allreduce(
+            comm, last.flat, ctrl, what=what, timeout=self.control.timeout
+        )
+        last.stage_done = len(self.stages)
+        return total
+
     def _reset(self) -> None:
         for bucket in self.buckets:
             bucket.ready = [False] * len(bucket.params)
@@ -604,7 +621,6 @@ class GradientReducer:
             bucket.test = None
         self._next = [0] * len(self.stages)
         self._settling = False
-        self._weights = None
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False

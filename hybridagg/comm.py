@@ -412,7 +412,6 @@ class Comm:
         x: torch.Tensor,
         *,
         settled: bool = False,
-        weights: Sequence[float] | None = None,
     ) -> Callable[[], bool]:
         """Post an in-place sum all-reduce of a CPU tensor; returns its ``test()``.
 
@@ -432,21 +431,13 @@ class Comm:
                 (:func:`hybridagg.ring.settled_allreduce`), the fastest choice
                 up to mid sizes here; they cannot spin long since nobody is
                 late.
-            weights: Per-rank factors of the sum (``sum_i w_i x_i``), fused
-                into the reduction; only on the settled path (see
-                :func:`settled_max_bytes`).
         """
         nbytes = x.numel() * x.element_size()
         if settled and nbytes < settled_max_bytes():
             from .ring import settled_allreduce
 
-            settled_allreduce(self, x, weights)
+            settled_allreduce(self, x)
             return lambda: True
-        if weights is not None:
-            raise ValueError(
-                "weights are fused only into a settled all-reduce below "
-                f"HYBRIDAGG_SETTLED_MAX_BYTES, not one of {nbytes} bytes"
-            )
         if self.size > 1 and nbytes >= ring_min_bytes():
             from .ring import RingAllreduce
 

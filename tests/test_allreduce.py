@@ -82,16 +82,23 @@ def run_against_reference(groups, kind, backend="mpi", steps=5, clip=None, sched
 
 @pytest.mark.mpi(ranks=RANKS, timeout=180)
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-@pytest.mark.parametrize("layout", ["flat", "flat-settled", "hierarchical"])
+@pytest.mark.parametrize(
+    "layout", ["flat", "flat-settled", "flat-deferred", "hierarchical"]
+)
 def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypatch):
-    if layout == "flat-settled":
+    if layout in ("flat-settled", "flat-deferred"):
         # every bucket counts as large: the ring, and the last bucket deferred
-        # to synchronize() with the weighted average fused into its reduction
+        # to synchronize(), where it is reduced with the control vector as a
+        # count-weighted mean (flat-settled), or, above the settled size,
+        # after the control all-reduce by the pipelined ring (flat-deferred)
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    if layout == "flat-deferred":
+        monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "1")
     groups = HIERARCHICAL[mpi_ranks] if layout == "hierarchical" else "world"
     opt = run_against_reference(groups, kind)
-    weighted = opt.reducer._weighted_last
-    assert weighted == (layout == "flat-settled" and mpi_ranks > 1)
+    many = mpi_ranks > 1
+    assert opt.reducer._mean_last == (layout == "flat-settled" and many)
+    assert opt.reducer._defer_last == (layout.startswith("flat-") and many)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)

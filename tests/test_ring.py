@@ -77,29 +77,56 @@ def test_comm_allreduce_takes_the_ring_above_the_threshold(mpi_ranks, monkeypatc
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
-def test_settled_allreduce_fuses_the_weights_into_the_sum(mpi_ranks):
+def test_settled_allreduce_equals_the_sum_on_every_rank(mpi_ranks):
     from hybridagg.comm import Comm
     from hybridagg.ring import settled_allreduce
 
     comm = Comm(name="settled-test")
-    n = comm.size
+    for numel in [0, 1, 2, 7, 1001]:
+        g = torch.Generator().manual_seed(numel)
+        data = torch.randn(comm.size, numel, generator=g, dtype=torch.float64)
+        buf = data[comm.rank].clone()
+        settled_allreduce(comm, buf)
+        torch.testing.assert_close(buf, data.sum(0))
+        everyone = comm.allgather_obj(buf.numpy().tobytes())
+        assert all(e == everyone[0] for e in everyone)
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
+def test_mean_allreduce_weights_by_the_counts_and_sums_the_header(mpi_ranks):
+    import time
+
+    from hybridagg.comm import Comm
+    from hybridagg.ring import mean_allreduce
+
+    comm = Comm(name="mean-test")
+    n, r = comm.size, comm.rank
     cases = [
-        None,
-        [1.0 / n] * n,  # an average (at 2 ranks: one lerp)
-        [float(i) / (n * (n - 1) / 2 or 1) for i in range(n)],  # rank 0 weighs 0
-        [0.5 + i for i in range(n)],  # weights that do not sum to 1
+        [1.0] * n,
+        [float(i) for i in range(n)],  # rank 0 weighs 0
+        [0.1 * (i + 1) for i in range(n)],  # fractions: their sum has an order
+        [0.0] * n,  # nobody has samples: zeros stay zeros
     ]
     for numel in [0, 1, 2, 7, 1001]:
-        for weights in cases:
+        for c, counts in enumerate(cases):
             g = torch.Generator().manual_seed(numel)
             data = torch.randn(n, numel, generator=g, dtype=torch.float64)
-            buf = data[comm.rank].clone()
-            settled_allreduce(comm, buf, weights)
-            w = torch.ones(n, 1) if weights is None else torch.tensor(weights)[:, None]
-            expect = (w.to(torch.float64) * data).sum(0)
+            data[torch.tensor(counts) == 0] = 0.0  # as the reducer hands it over
+            buf = data[r].clone()
+            header = np.array([counts[r], 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            header[2 + r] = 2.5 * r  # a slot only this rank sets
+            if c == 1 and r == n - 1:
+                time.sleep(0.2)  # a late rank: the others wait for it (polled)
+            total = mean_allreduce(comm, buf, header, what="mean test")
+            w = torch.tensor(counts, dtype=torch.float64)[:, None]
+            expect = (w * data).sum(0) / w.sum() if w.sum() > 0 else data.sum(0)
             torch.testing.assert_close(buf, expect)
-            everyone = comm.allgather_obj(buf.numpy().tobytes())
+            assert total[0] == pytest.approx(sum(counts))
+            assert total[1] == n
+            assert total[2 : 2 + n].tolist() == [2.5 * i for i in range(n)]
+            assert header[0] == counts[r]  # the caller's header is not touched
+            # bitwise the same result and header everywhere
+            everyone = comm.allgather_obj((buf.numpy().tobytes(), total.tobytes()))
             assert all(e == everyone[0] for e in everyone)
-    with pytest.raises(ValueError, match=f"needs {n} weights, got {n + 1}"):
-        settled_allreduce(comm, torch.zeros(3), [1.0] * (n + 1))
     comm.free()
