@@ -61,8 +61,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from . import config
 from .comm import Comm, alloc, poll, ring_min_bytes, settled_max_bytes
 from .ring import mean_allreduce
+from .shm import SharedBucket, node_local
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -336,11 +338,6 @@ class GradientReducer:
             self.buckets.append(
                 _Bucket(b, members, offsets, flat, ready=[False] * len(members))
             )
-        self._views = []
-        for i, p in enumerate(self.params):
-            b, slot = self._where[i]
-            off = self.buckets[b].offsets[slot]
-            self._views.append(self.buckets[b].flat[off : off + p.numel()].view_as(p))
         self._next = [0] * len(self.stages)
         # The last bucket is complete only when backward ends, so nothing is
         # left to overlap: a flat MPI reduction posts it in synchronize() once
@@ -383,6 +380,24 @@ class GradientReducer:
             and last.flat.dtype in (torch.float32, torch.float64)
             and last.flat.device.type == "cpu"
         )
+        # ...and when the group shares a node, that bucket lives in shared
+        # memory and is reduced there (hybridagg.shm), without MPI messages
+        self._shared: SharedBucket | None = None
+        last = self.buckets[-1]
+        if (
+            self._mean_last
+            and config.get_bool("HYBRIDAGG_SHM_REDUCE")
+            and node_local(transport.comm)  # (collective over the group)
+        ):
+            self._shared = SharedBucket(
+                transport.comm, last.flat.numel(), last.flat.dtype
+            )
+            last.flat = self._shared.flat
+        self._views = []
+        for i, p in enumerate(self.params):
+            b, slot = self._where[i]
+            off = self.buckets[b].offsets[slot]
+            self._views.append(self.buckets[b].flat[off : off + p.numel()].view_as(p))
         self._settling = False
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -607,10 +622,12 @@ class GradientReducer:
             return all(self._bucket_done(b) for b in head)
 
         poll(earlier_done, what=what, timeout=self.control.timeout, activity=activity)
-        comm = self.transport.comm
-        total = mean_allreduce(
-            comm, last.flat, ctrl, what=what, timeout=self.control.timeout
-        )
+        timeout = self.control.timeout
+        if self._shared is not None:
+            total = self._shared.reduce(ctrl, what=what, timeout=timeout)
+        else:
+            comm = self.transport.comm
+            total = mean_allreduce(comm, last.flat, ctrl, what=what, timeout=timeout)
         last.stage_done = len(self.stages)
         return total
 

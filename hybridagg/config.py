@@ -80,13 +80,22 @@ _DECLARED = [
         "HYBRIDAGG_SETTLED_MAX_BYTES",
         "33554432",
         "The gradient bucket that completes last in backward (nothing is "
-        "left to overlap) is reduced after synchronize()'s control "
-        "all-reduce has shown every rank arrived, and Comm.allreduce of at "
-        "least HYBRIDAGG_RING_MIN_BYTES after a polled barrier: below this "
-        "size both then take a ring of blocking MPI_Sendrecv calls (the "
-        "bucket's weighted average fused into its additions), which beat "
-        "the polled ring, MPI_Iallreduce and MPI_Allreduce plus a division "
-        "up to 16 MiB here (0: never).",
+        "left to overlap) is reduced in synchronize(), in flat mode below "
+        "this size together with the control vector (in shared memory, see "
+        "HYBRIDAGG_SHM_REDUCE, or by hybridagg.ring.mean_allreduce), above "
+        "it after the control all-reduce by the pipelined ring. Comm.allreduce "
+        "of at least HYBRIDAGG_RING_MIN_BYTES and below this size takes a "
+        "ring of blocking MPI_Sendrecv calls after a polled barrier, which "
+        "beat the polled ring, MPI_Iallreduce and MPI_Allreduce up to 16 MiB "
+        "here (0: never).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SHM_REDUCE",
+        "1",
+        "1: when every rank of a flat reduction shares a node, the last "
+        "gradient bucket (below HYBRIDAGG_SETTLED_MAX_BYTES) lives in an MPI "
+        "shared-memory window and is reduced with loads and stores "
+        "(hybridagg.shm), without messages; 0: always through MPI messages.",
     ),
     EnvVar(
         "HYBRIDAGG_DATA_DIRECT_READ",

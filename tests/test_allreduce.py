@@ -83,22 +83,27 @@ def run_against_reference(groups, kind, backend="mpi", steps=5, clip=None, sched
 @pytest.mark.mpi(ranks=RANKS, timeout=180)
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 @pytest.mark.parametrize(
-    "layout", ["flat", "flat-settled", "flat-deferred", "hierarchical"]
+    "layout", ["flat", "flat-shm", "flat-ring", "flat-deferred", "hierarchical"]
 )
 def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypatch):
-    if layout in ("flat-settled", "flat-deferred"):
-        # every bucket counts as large: the ring, and the last bucket deferred
-        # to synchronize(), where it is reduced with the control vector as a
-        # count-weighted mean (flat-settled), or, above the settled size,
-        # after the control all-reduce by the pipelined ring (flat-deferred)
+    # flat-*: every bucket counts as large (the pipelined ring), and the last
+    # bucket is deferred to synchronize(), where it is reduced with the control
+    # vector as a count-weighted mean in shared memory (flat-shm) or by
+    # messages (flat-ring), or, above the settled size, after the control
+    # all-reduce by the pipelined ring (flat-deferred)
+    if layout.startswith("flat-"):
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    if layout == "flat-ring":
+        monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
     if layout == "flat-deferred":
         monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "1")
     groups = HIERARCHICAL[mpi_ranks] if layout == "hierarchical" else "world"
     opt = run_against_reference(groups, kind)
     many = mpi_ranks > 1
-    assert opt.reducer._mean_last == (layout == "flat-settled" and many)
-    assert opt.reducer._defer_last == (layout.startswith("flat-") and many)
+    reducer = opt.reducer
+    assert reducer._defer_last == (layout.startswith("flat-") and many)
+    assert reducer._mean_last == (layout in ("flat-shm", "flat-ring") and many)
+    assert (reducer._shared is not None) == (layout == "flat-shm" and many)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)

@@ -94,14 +94,19 @@ def test_settled_allreduce_equals_the_sum_on_every_rank(mpi_ranks):
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
-def test_mean_allreduce_weights_by_the_counts_and_sums_the_header(mpi_ranks):
+@pytest.mark.parametrize("impl", ["ring", "shm"])
+def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
+    """ring.mean_allreduce and shm.SharedBucket.reduce: one contract."""
     import time
 
     from hybridagg.comm import Comm
     from hybridagg.ring import mean_allreduce
+    from hybridagg.shm import SharedBucket, node_local
 
     comm = Comm(name="mean-test")
     n, r = comm.size, comm.rank
+    assert node_local(comm)  # the test job runs on one machine
+    shared = {k: SharedBucket(comm, k, torch.float64) for k in [0, 1, 2, 7, 1001]}
     cases = [
         [1.0] * n,
         [float(i) for i in range(n)],  # rank 0 weighs 0
@@ -113,12 +118,19 @@ def test_mean_allreduce_weights_by_the_counts_and_sums_the_header(mpi_ranks):
             g = torch.Generator().manual_seed(numel)
             data = torch.randn(n, numel, generator=g, dtype=torch.float64)
             data[torch.tensor(counts) == 0] = 0.0  # as the reducer hands it over
-            buf = data[r].clone()
+            if impl == "shm":
+                buf = shared[numel].flat
+                buf.copy_(data[r])
+            else:
+                buf = data[r].clone()
             header = np.array([counts[r], 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
             header[2 + r] = 2.5 * r  # a slot only this rank sets
             if c == 1 and r == n - 1:
                 time.sleep(0.2)  # a late rank: the others wait for it (polled)
-            total = mean_allreduce(comm, buf, header, what="mean test")
+            if impl == "shm":
+                total = shared[numel].reduce(header, what="mean test")
+            else:
+                total = mean_allreduce(comm, buf, header, what="mean test")
             w = torch.tensor(counts, dtype=torch.float64)[:, None]
             expect = (w * data).sum(0) / w.sum() if w.sum() > 0 else data.sum(0)
             torch.testing.assert_close(buf, expect)
