@@ -111,13 +111,29 @@ class SharedBucket:
         head = np.zeros(m + n)
         head[:m] = header
         head[m + r] = head[0]
-        comm.wait(
-            comm.mpi.Iallreduce(MPI.IN_PLACE, head),
-            what=f"{what}: arrival",
-            timeout=timeout,
-        )
-        weights = head[m:]
-        total = float(weights.sum())
+        # (MPI_Win_sync, the memory barrier between a rank's stores and its
+        # peers' loads, is defined only inside a passive-target epoch)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        try:
+            self.win.Sync()  # this rank's gradient stores
+            comm.wait(
+                comm.mpi.Iallreduce(MPI.IN_PLACE, head),
+                what=f"{what}: arrival",
+                timeout=timeout,
+            )
+            weights = head[m:]
+            total = float(weights.sum())
+            self._combine(weights, total, what, timeout)
+        finally:
+            self.win.Unlock_all()
+        out = head[:m].copy()
+        out[0] = total
+        return out
+
+    def _combine(
+        self, weights: np.ndarray, total: float, what: str, timeout: float | None
+    ) -> None:
+        n, r = self.comm.size, self.comm.rank
         self.win.Sync()  # see the peers' stores
         mine = self._segment(r, r)
         if total > 0:
@@ -135,6 +151,3 @@ class SharedBucket:
             if j != r:
                 self._segment(j, r).copy_(self._segment(j, j))
         self._barrier(f"{what}: segments copied", timeout)
-        out = head[:m].copy()
-        out[0] = total
-        return out
