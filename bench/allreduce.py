@@ -121,7 +121,7 @@ class Bench:
 
     def close(self) -> None:
         if "hybridagg" in self.impls:
-            self.opt.reducer.remove_hooks()
+            self.opt.reducer.close()
         self.comm.free()
 
 

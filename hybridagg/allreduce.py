@@ -652,6 +652,28 @@ class GradientReducer:
             handle.remove()
         self._hooks = []
 
+    def close(self) -> None:
+        """Detach from the parameters and release shared memory (collective).
+
+        Every rank of the group must call it. Gradients that were views into
+        the shared-memory bucket become copies of their values, and the
+        bucket moves to private memory (later reductions take the ring).
+        """
+        self.remove_hooks()
+        shared, self._shared = self._shared, None
+        if shared is None:
+            return
+        last = self.buckets[-1]
+        last.flat = alloc(last.flat.numel(), last.flat.dtype)
+        last.flat.copy_(shared.flat)
+        for slot, i in enumerate(last.params):
+            p, off = self.params[i], last.offsets[slot]
+            view = last.flat[off : off + p.numel()].view_as(p)
+            if p.grad is not None and p.grad.data_ptr() == self._views[i].data_ptr():
+                p.grad = view
+            self._views[i] = view
+        shared.free(self.control.timeout)
+
 
 class _CallableModule(types.ModuleType):
     """Lets ``hybridagg.allreduce(tensor, comm)`` work after this module is imported.

@@ -447,11 +447,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         In hybrid/async mode the leaders tell the servers they are done, and
         rank 0 receives the final weights from the servers (waiting until
         every group is done) and loads them into its model, for saving.
+        The gradient reducer detaches and releases its shared memory; the
+        gradients keep their values.
 
         Returns:
             On rank 0 in hybrid/async mode the final server version, else ``None``.
         """
-        self._reducer.remove_hooks()
+        self._reducer.close()  # (collective over the group)
         if self._exchange is None:
             return None
         return self._exchange.finish(timeout)

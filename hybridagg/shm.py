@@ -48,8 +48,8 @@ class SharedBucket:
     """A flat tensor per rank in one shared window, and its weighted-mean reduction.
 
     Construction is collective over ``comm``, whose ranks must share a node
-    (:func:`node_local`). The window is released by ``MPI_Finalize`` (the
-    gradients of the model stay views into it).
+    (:func:`node_local`). :meth:`free` (collective) releases the window;
+    otherwise ``MPI_Finalize`` does.
 
     Args:
         comm: The group's communicator.
@@ -151,3 +151,13 @@ class SharedBucket:
             if j != r:
                 self._segment(j, r).copy_(self._segment(j, j))
         self._barrier(f"{what}: segments copied", timeout)
+
+    def free(self, timeout: float | None = None) -> None:
+        """Release the window (collective); the tensors must no longer be used.
+
+        A polled barrier comes first, so a rank that never calls gives a
+        timeout instead of a hang inside ``MPI_Win_free``.
+        """
+        self._barrier("shared bucket release", timeout)
+        self.views, self.flat = [], None
+        self.win.Free()

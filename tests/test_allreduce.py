@@ -104,6 +104,14 @@ def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypat
     assert reducer._defer_last == (layout.startswith("flat-") and many)
     assert reducer._mean_last == (layout in ("flat-shm", "flat-ring") and many)
     assert (reducer._shared is not None) == (layout == "flat-shm" and many)
+    # finish() releases the shared memory; the gradients keep their values
+    grads = [None if p.grad is None else p.grad.clone() for p in reducer.params]
+    opt.finish()
+    assert reducer._shared is None
+    for p, g in zip(reducer.params, grads, strict=True):
+        assert (p.grad is None) == (g is None)
+        if g is not None:
+            assert torch.equal(p.grad, g)
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
@@ -114,8 +122,13 @@ def test_torch_distributed_gloo_backend(mpi_ranks, layout):
 
 
 @pytest.mark.mpi(ranks=3, timeout=120)
-def test_clipping_and_lr_scheduler_keep_working():
-    run_against_reference("0,1-2", "sgd", clip=0.05, sched=True)
+@pytest.mark.parametrize("groups", ["0,1-2", "world"])
+def test_clipping_and_lr_scheduler_keep_working(groups, monkeypatch):
+    # world: the last bucket in shared memory, clipped in place right after
+    # synchronize() while the peers may just have copied from it
+    monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    opt = run_against_reference(groups, "sgd", clip=0.05, sched=True)
+    assert (opt.reducer._shared is not None) == (groups == "world")
 
 
 @pytest.mark.mpi(ranks=2, timeout=120)
