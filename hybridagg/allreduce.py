@@ -31,12 +31,14 @@ a gradient anywhere, so a misuse on one rank is reported on every rank. A
 small last bucket (at most 128 KiB, the only one of a small model) travels
 inside that control all-reduce instead of a collective of its own. A
 deferred last bucket below ``HYBRIDAGG_SETTLED_MAX_BYTES`` works the other
-way round: the control vector travels inside its ring
-(:func:`hybridagg.ring.mean_allreduce`), which keeps raw gradients and
-merges them as a running mean weighted by the counts it carries: one
-polled round less per step, and no multiplication or division pass over
-the bucket, which at 16 MiB cost as much as the transfer's gap to a bare
-``MPI_Allreduce``.
+way round: it keeps raw gradients and the control vector becomes part of
+its reduction, which merges them as a mean weighted by the counts it
+carries. When the group shares a node the bucket lives in MPI shared memory
+and is reduced there with loads and stores (:class:`hybridagg.shm.SharedBucket`);
+otherwise the control vector travels inside the bucket's ring
+(:func:`hybridagg.ring.mean_allreduce`). Either way: one polled round less
+per step, and no multiplication or division pass over the bucket, which at
+16 MiB cost as much as the transfer's gap to a bare ``MPI_Allreduce``.
 
 Stages: with one group the reduction is a flat all-reduce. Hierarchical
 (``cross`` given): reduce to the group leader, all-reduce across leaders,
@@ -61,10 +63,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from . import config
 from .comm import Comm, alloc, poll, ring_min_bytes, settled_max_bytes
 from .ring import mean_allreduce
-from .shm import SharedBucket, node_local
+from .shm import SharedBucket, shared_memory_usable
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -286,8 +287,9 @@ class GradientReducer:
         transport: The group's transport (see :func:`make_transport`).
         control: A communicator over every rank whose gradients are summed
             (the group, or all workers when ``cross`` is given); carries
-            sample counts and misuse flags. Use one hybridagg created for
-            this reducer alone.
+            sample counts and misuse flags (except when the last bucket's
+            reduction carries them, on the group's own communicator). Use
+            one hybridagg created for this reducer alone.
         cross: Transport across group leaders, on leaders in hierarchical
             mode (``None`` on the other ranks and in flat mode).
         hierarchical: Reduce to the leader, all-reduce across leaders,
@@ -340,9 +342,10 @@ class GradientReducer:
             )
         self._next = [0] * len(self.stages)
         # The last bucket is complete only when backward ends, so nothing is
-        # left to overlap: a flat MPI reduction posts it in synchronize() once
+        # left to overlap: a flat MPI reduction reduces it in synchronize(),
+        # together with the control vector or, above the settled size, once
         # the control all-reduce shows every rank is there, as a "settled"
-        # all-reduce (a blocking MPI_Allreduce; see Comm.start_allreduce).
+        # all-reduce (see Comm.start_allreduce).
         # (flat only: every rank of the transport must decide alike; small
         # buckets are posted at once, as the wait for the control all-reduce
         # would add a round of latency to them)
@@ -383,12 +386,8 @@ class GradientReducer:
         # ...and when the group shares a node, that bucket lives in shared
         # memory and is reduced there (hybridagg.shm), without MPI messages
         self._shared: SharedBucket | None = None
-        last = self.buckets[-1]
-        if (
-            self._mean_last
-            and config.get_bool("HYBRIDAGG_SHM_REDUCE")
-            and node_local(transport.comm)  # (collective over the group)
-        ):
+        # (collective over the group, and the same answer on every rank)
+        if self._mean_last and shared_memory_usable(transport.comm, last.nbytes):
             self._shared = SharedBucket(
                 transport.comm, last.flat.numel(), last.flat.dtype
             )
@@ -656,8 +655,9 @@ class GradientReducer:
         """Detach from the parameters and release shared memory (collective).
 
         Every rank of the group must call it. Gradients that were views into
-        the shared-memory bucket become copies of their values, and the
-        bucket moves to private memory (later reductions take the ring).
+        the shared-memory bucket become copies of their values in private
+        memory. Other tensors that alias those gradients (``g = p.grad``
+        taken earlier) point into released memory and must not be used.
         """
         self.remove_hooks()
         shared, self._shared = self._shared, None

@@ -453,9 +453,10 @@ class Comm:
 
         Sums of CPU tensors of at least ``HYBRIDAGG_RING_MIN_BYTES`` and
         below ``HYBRIDAGG_SETTLED_MAX_BYTES`` wait in a polled barrier and
-        then take a blocking ``MPI_Allreduce`` (this call has nothing to
-        overlap, and once everyone is there the blocking call is the
-        fastest); larger ones take the ring (see :meth:`start_allreduce`).
+        then take a ring of blocking ``MPI_Sendrecv`` calls
+        (:func:`hybridagg.ring.settled_allreduce`: this call has nothing to
+        overlap, and once everyone is there blocking calls are the fastest);
+        larger ones take the pipelined ring (see :meth:`start_allreduce`).
         """
         if self.size == 1:
             return x

@@ -448,7 +448,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         rank 0 receives the final weights from the servers (waiting until
         every group is done) and loads them into its model, for saving.
         The gradient reducer detaches and releases its shared memory; the
-        gradients keep their values.
+        gradients keep their values (in new memory: a tensor that aliased a
+        gradient before, ``g = p.grad``, must not be used afterwards).
 
         Returns:
             On rank 0 in hybrid/async mode the final server version, else ``None``.

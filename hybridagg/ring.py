@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "RingAllreduce",
     "mean_allreduce",
+    "ring_tag",
     "ring_tags",
     "settled_allreduce",
 ]
@@ -69,8 +70,8 @@ def _tag_ub() -> int:
 def ring_tags(tag_ub: int, nranks: int, nchunks: int) -> int:
     """How many ring all-reduces may be in flight before their tags repeat.
 
-    Tags are ``base + ((seq mod S) x stages + stage) x chunks + chunk``; the
-    result ``S`` is what fits below ``MPI_TAG_UB``.
+    Tags are ``base + ((seq mod S) x stages + stage) x chunks + chunk`` (see
+    :func:`ring_tag`); the result ``S`` is what fits below ``MPI_TAG_UB``.
 
     Raises:
         ValueError: Not even two rounds fit (a very small ``MPI_TAG_UB``).
@@ -82,6 +83,19 @@ def ring_tags(tag_ub: int, nranks: int, nchunks: int) -> int:
             f"MPI_TAG_UB={tag_ub} is too small for a ring over {nranks} ranks"
         )
     return rounds
+
+
+def ring_tag(seq: int, stage: int, chunk: int, *, nranks: int, tag_ub: int) -> int:
+    """The tag of one chunk's message in one stage of ring number ``seq``.
+
+    Every ring reserves room for ``_MAX_CHUNKS`` chunks, whatever its own
+    chunk count, so rings of different sizes in flight on one communicator
+    never share a tag (a receive could otherwise match another ring's
+    message of the same tag).
+    """
+    stages = max(1, 2 * (nranks - 1))
+    rounds = ring_tags(tag_ub, nranks, _MAX_CHUNKS)
+    return _TAG_BASE + ((seq % rounds) * stages + stage) * _MAX_CHUNKS + chunk
 
 
 class RingAllreduce:
@@ -118,8 +132,7 @@ class RingAllreduce:
         self.slot = -(-longest // self.nchunks) if longest else 0
         self.tmp = _take_scratch(comm, self.slot * self.nchunks, self.flat.dtype)
         self.stages = 2 * (n - 1)
-        rounds = ring_tags(_tag_ub(), n, self.nchunks)
-        self.tag0 = _TAG_BASE + (seq % rounds) * self.stages * self.nchunks
+        self.seq, self.tag_ub = seq, _tag_ub()
         self.left, self.right = (self.r - 1) % n, (self.r + 1) % n
         self.stage = [0] * self.nchunks
         self.reqs: list[list[MPI.Request]] = [[] for _ in range(self.nchunks)]
@@ -139,7 +152,7 @@ class RingAllreduce:
 
     def _post(self, j: int) -> None:
         k, n, r = self.stage[j], self.n, self.r
-        tag = self.tag0 + k * self.nchunks + j
+        tag = ring_tag(self.seq, k, j, nranks=n, tag_ub=self.tag_ub)
         if k < n - 1:  # reduce-scatter
             slo, shi = self._chunk(r - k, j)
             rlo, rhi = self._chunk(r - k - 1, j)
@@ -309,26 +322,26 @@ def mean_allreduce(
     got = np.empty_like(total)
     own = float(total[0])
     mpi = comm.mpi
-    try:
-        for k in range(n - 1):  # reduce-scatter, polled
-            mine = seg(r - k - 1)
-            into = tmp[: mine.numel()]
-            reqs = [
-                mpi.Irecv(got, left, _MEAN_TAG),
-                mpi.Irecv(as_buffer(into), left, _MEAN_TAG + 1),
-                mpi.Isend(total, right, _MEAN_TAG),
-                mpi.Isend(as_buffer(seg(r - k)), right, _MEAN_TAG + 1),
-            ]
-            comm.wait(reqs, what=f"{what}, stage {k} from rank {left}", timeout=timeout)
-            # ``mine`` still holds this rank's own values (weight ``own``);
-            # ``into`` the mean of the ranks counted in ``got[0]``
-            weight = float(got[0])
-            if weight + own > 0:
-                mine.lerp_(into, weight / (weight + own))
-            total = got + header  # also what the next stage sends
-        _gather_blocking(comm, seg, _MEAN_TAG + 2)
-    finally:
-        _give_scratch(comm, tmp)
+    # (the scratch goes back to the pool only on success: after a timeout a
+    # receive into it may still be posted)
+    for k in range(n - 1):  # reduce-scatter, polled
+        mine = seg(r - k - 1)
+        into = tmp[: mine.numel()]
+        reqs = [
+            mpi.Irecv(got, left, _MEAN_TAG),
+            mpi.Irecv(as_buffer(into), left, _MEAN_TAG + 1),
+            mpi.Isend(total, right, _MEAN_TAG),
+            mpi.Isend(as_buffer(seg(r - k)), right, _MEAN_TAG + 1),
+        ]
+        comm.wait(reqs, what=f"{what}, stage {k} from rank {left}", timeout=timeout)
+        # ``mine`` still holds this rank's own values (weight ``own``);
+        # ``into`` the mean of the ranks counted in ``got[0]``
+        weight = float(got[0])
+        if weight + own > 0:
+            mine.lerp_(into, weight / (weight + own))
+        total = got + header  # also what the next stage sends
+    _gather_blocking(comm, seg, _MEAN_TAG + 2)
+    _give_scratch(comm, tmp)
     comm.events += 1
     out = total[:m].copy()
     out[0] = total[m:].sum()

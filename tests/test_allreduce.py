@@ -126,7 +126,8 @@ def test_torch_distributed_gloo_backend(mpi_ranks, layout):
 def test_clipping_and_lr_scheduler_keep_working(groups, monkeypatch):
     # world: the last bucket in shared memory, clipped in place right after
     # synchronize() while the peers may just have copied from it
-    monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    if groups == "world":
+        monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
     opt = run_against_reference(groups, "sgd", clip=0.05, sched=True)
     assert (opt.reducer._shared is not None) == (groups == "world")
 
@@ -171,15 +172,21 @@ def test_first_bucket_overlaps_backward():
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_misuse_is_an_error_on_every_rank(mpi_ranks):
+@pytest.mark.parametrize("last_bucket", ["fused", "shm", "ring"])
+def test_misuse_is_an_error_on_every_rank(mpi_ranks, last_bucket, monkeypatch):
     import hybridagg
     from hybridagg.allreduce import MisuseError
 
+    if last_bucket != "fused":  # reduced with the control vector: the flags too
+        monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+        monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", str(int(last_bucket == "shm")))
     topo = hybridagg.init()
     model = mlp()
     opt = hybridagg.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), topo
     )
+    assert opt.reducer._fuse_last == (last_bucket == "fused")
+    assert (opt.reducer._shared is not None) == (last_bucket == "shm")
     x, y = (
         torch.randn(4, 6, dtype=torch.float64),
         torch.randn(4, 3, dtype=torch.float64),
