@@ -383,8 +383,9 @@ class GradientReducer:
             and last.flat.dtype in (torch.float32, torch.float64)
             and last.flat.device.type == "cpu"
         )
-        # ...and when the group shares a node, that bucket lives in shared
-        # memory and is reduced there (hybridagg.shm), without MPI messages
+        # A deferred last bucket reduced with the control vector (_mean_last)
+        # lives in shared memory when the group shares a node, and is reduced
+        # there (hybridagg.shm), without MPI messages
         self._shared: SharedBucket | None = None
         # (collective over the group, and the same answer on every rank)
         if self._mean_last and shared_memory_usable(transport.comm, last.nbytes):

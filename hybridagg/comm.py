@@ -221,6 +221,7 @@ def poll(
     what: str,
     timeout: float | None = None,
     activity: Callable[[], int] | None = None,
+    spin: float | None = None,
 ) -> float:
     """Wait until ``done()`` is true without burning a core.
 
@@ -238,6 +239,10 @@ def poll(
         what: Names the operation and peer for the timeout message.
         timeout: Seconds before giving up (default ``HYBRIDAGG_TIMEOUT``).
         activity: A counter that grows whenever the operation advances.
+        spin: Seconds to spin before sleeping, instead of
+            ``HYBRIDAGG_POLL_SPIN_US``: for waits known to be short (every
+            peer has arrived), where a sleep woken late would cost more
+            than the wait.
 
     Returns:
         Seconds waited.
@@ -250,7 +255,8 @@ def poll(
         return 0.0
     if timeout is None:
         timeout = default_timeout()
-    spin, cap = _poll_params()
+    default_spin, cap = _poll_params()
+    spin = default_spin if spin is None else spin
     since, seen = start, activity() if activity is not None else 0
     while True:
         if done():

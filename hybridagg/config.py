@@ -68,13 +68,15 @@ _DECLARED = [
         "1048576",
         "Sum all-reduces of CPU buffers at least this large use hybridagg's "
         "pipelined ring of non-blocking point-to-point messages instead of "
-        "MPI_Iallreduce (0: always the ring; a huge value: never).",
+        "MPI_Iallreduce (0: always the ring; a huge value: never). "
+        "Must be the same on every rank.",
     ),
     EnvVar(
         "HYBRIDAGG_RING_CHUNK_BYTES",
         "4194304",
         "Pipelining chunk of the ring all-reduce: each segment is cut into "
-        "chunks of about this size that advance independently.",
+        "chunks of about this size that advance independently. "
+        "Must be the same on every rank.",
     ),
     EnvVar(
         "HYBRIDAGG_SETTLED_MAX_BYTES",
@@ -87,7 +89,8 @@ _DECLARED = [
         "of at least HYBRIDAGG_RING_MIN_BYTES and below this size takes a "
         "ring of blocking MPI_Sendrecv calls after a polled barrier, which "
         "beat the polled ring, MPI_Iallreduce and MPI_Allreduce up to 16 MiB "
-        "here (0: never).",
+        "here (0: never). "
+        "Must be the same on every rank.",
     ),
     EnvVar(
         "HYBRIDAGG_SHM_REDUCE",

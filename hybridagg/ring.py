@@ -70,8 +70,9 @@ def _tag_ub() -> int:
 def ring_tags(tag_ub: int, nranks: int, nchunks: int) -> int:
     """How many ring all-reduces may be in flight before their tags repeat.
 
-    Tags are ``base + ((seq mod S) x stages + stage) x chunks + chunk`` (see
-    :func:`ring_tag`); the result ``S`` is what fits below ``MPI_TAG_UB``.
+    Tags are ``base + ((seq mod S) x stages + stage) x nchunks + chunk``,
+    where :func:`ring_tag` passes the most chunks a ring may have; the result
+    ``S`` is what fits below ``MPI_TAG_UB``.
 
     Raises:
         ValueError: Not even two rounds fit (a very small ``MPI_TAG_UB``).
@@ -91,7 +92,9 @@ def ring_tag(seq: int, stage: int, chunk: int, *, nranks: int, tag_ub: int) -> i
     Every ring reserves room for ``_MAX_CHUNKS`` chunks, whatever its own
     chunk count, so rings of different sizes in flight on one communicator
     never share a tag (a receive could otherwise match another ring's
-    message of the same tag).
+    message of the same tag). With the smallest ``MPI_TAG_UB`` the standard
+    allows (32767), that leaves 248 rings in flight at 2 ranks and 35 at 8
+    (Open MPI's bound is 2**31 - 1).
     """
     stages = max(1, 2 * (nranks - 1))
     rounds = ring_tags(tag_ub, nranks, _MAX_CHUNKS)

@@ -18,8 +18,9 @@ so each rank reads its peers' gradients where they are:
 
 Per rank and 2 ranks this moves 40% less memory than a ring through MPI
 (no scratch copy); measured on the 2-core test machine at 16 MiB, in
-isolation: 1.7-2.1 ms, against 2.9-3.6 ms for ``MPI_Allreduce``. Every segment is computed once,
-in one fixed order, then copied, so every rank holds bitwise the same result.
+isolation: 1.7-2.1 ms, against 2.9-3.6 ms for ``MPI_Allreduce``. Every
+segment is computed once, in one fixed order, then copied, so every rank
+holds bitwise the same result.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import torch
 from mpi4py import MPI
 
 from . import config
-from .comm import Comm
+from .comm import Comm, poll
 
 __all__ = ["SharedBucket", "shared_memory_usable"]
 
 # where Open MPI and MPICH back shared-memory windows on Linux
 _SHM_DIR = "/dev/shm"
+# how long the barriers after the arrival spin before they sleep
+_SPIN_S = 3e-3
 
 
 def _room_for(nbytes: int) -> bool:
@@ -51,8 +54,8 @@ def _room_for(nbytes: int) -> bool:
 def shared_memory_usable(comm: Comm, nbytes: int) -> bool:
     """Whether ``comm`` may reduce a bucket of ``nbytes`` in shared memory (collective).
 
-    True when every rank has ``HYBRIDAGG_SHM_REDUCE=1``, sees room for the
-    whole window (``comm.size * nbytes``) in ``/dev/shm`` (a full one, as
+    True when every rank has ``HYBRIDAGG_SHM_REDUCE=1``, sees room for twice
+    the whole window (``comm.size * nbytes``) in ``/dev/shm`` (a full one, as
     with a container's default 64 MiB, would crash the first store with
     SIGBUS instead of failing cleanly), and shares a node with every other
     rank. Every rank gets the same answer.
@@ -117,8 +120,14 @@ class SharedBucket:
     def _segment(self, owner: int, of: int) -> torch.Tensor:
         return self.views[of][self._bounds[owner] : self._bounds[owner + 1]]
 
-    def _barrier(self, what: str, timeout: float | None) -> None:
-        self.comm.wait(self.comm.mpi.Ibarrier(), what=what, timeout=timeout)
+    def _barrier(self, what: str, timeout: float | None, spin: float | None = None):
+        comm = self.comm
+        poll(
+            comm.mpi.Ibarrier().Test,
+            what=f"{what} on {comm.name} (rank {comm.rank}/{comm.size})",
+            timeout=comm.timeout if timeout is None else timeout,
+            spin=spin,
+        )
 
     def reduce(
         self,
@@ -138,9 +147,8 @@ class SharedBucket:
         Args:
             header: A 1-D float64 array whose first entry is the rank's weight.
             what: Names the operation in a timeout.
-            timeout: Seconds the wait for every rank's arrival may take
-                (default: the communicator's). The two barriers after it
-                are blocking: every rank has arrived by then.
+            timeout: Seconds any of the three waits may take (default: the
+                communicator's).
 
         Returns:
             The element-wise sum of every rank's header (a new array).
@@ -164,14 +172,16 @@ class SharedBucket:
             )
             weights = head[m:]
             total = float(weights.sum())
-            self._combine(weights, total)
+            self._combine(weights, total, what, timeout)
         finally:
             self.win.Unlock_all()
         out = head[:m].copy()
         out[0] = total
         return out
 
-    def _combine(self, weights: np.ndarray, total: float) -> None:
+    def _combine(
+        self, weights: np.ndarray, total: float, what: str, timeout: float | None
+    ) -> None:
         n, r = self.comm.size, self.comm.rank
         self.win.Sync()  # see the peers' stores
         mine = self._segment(r, r)
@@ -184,18 +194,19 @@ class SharedBucket:
                     if j != r:
                         mine.add_(self._segment(r, j), alpha=float(weights[j]) / total)
         self.win.Sync()
-        # Every rank is past the polled arrival and only finishing its own
-        # segment, so the two barriers are blocking: they spin briefly instead
-        # of polling with sleeps. (Measured with polled barriers: 2 of 6 full
-        # benchmark runs were 2-3x slower at 4-16 MiB; with blocking ones,
-        # and with polls that spin for 3 ms, none of 3 each.)
-        self.comm.mpi.Barrier()
+        # Every rank has posted the arrival and is only finishing its own
+        # segment, so the two barriers spin up to _SPIN_S before they sleep.
+        # (Measured with the default 100 us spin: 2 of 6 full benchmark runs
+        # were 2-3x slower at 4-16 MiB, a sleeping rank being woken late;
+        # with polls that spin for 3 ms, and with blocking barriers, none of
+        # 3 each. Polled, a peer that failed in between gives a timeout.)
+        self._barrier(f"{what}: segments reduced", timeout, _SPIN_S)
         self.win.Sync()
         for j in range(n):
             if j != r:
                 self._segment(j, r).copy_(self._segment(j, j))
         self.win.Sync()
-        self.comm.mpi.Barrier()
+        self._barrier(f"{what}: segments copied", timeout, _SPIN_S)
 
     def free(self, timeout: float | None = None) -> None:
         """Release the window (collective); the tensors must no longer be used.

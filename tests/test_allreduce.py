@@ -115,6 +115,26 @@ def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypat
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
+@pytest.mark.parametrize("dissent", ["env", "room"])
+def test_shared_memory_is_used_only_when_every_rank_agrees(
+    mpi_ranks, dissent, monkeypatch
+):
+    """One rank that turns shared memory off, or lacks room, turns it off for all."""
+    from mpi4py import MPI
+
+    import hybridagg.shm
+
+    monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    if MPI.COMM_WORLD.Get_rank() == mpi_ranks - 1:
+        if dissent == "env":
+            monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
+        else:
+            monkeypatch.setattr(hybridagg.shm, "_room_for", lambda nbytes: False)
+    opt = run_against_reference("world", "sgd", steps=3)  # the ring path works
+    assert opt.reducer._mean_last and opt.reducer._shared is None
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=180)
 @pytest.mark.parametrize("layout", ["flat", "hierarchical"])
 def test_torch_distributed_gloo_backend(mpi_ranks, layout):
     groups = "world" if layout == "flat" else HIERARCHICAL[mpi_ranks]

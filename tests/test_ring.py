@@ -68,10 +68,11 @@ def test_ring_equals_the_sum_on_every_rank_with_rings_in_flight(mpi_ranks):
             g = torch.Generator().manual_seed(numel + chunk_bytes)
             data = torch.randn(3, comm.size, numel, generator=g, dtype=torch.float64)
             mine = [data[i, comm.rank].clone() for i in range(3)]
-            # three rings on one communicator at once, as buckets are
+            # three rings on one communicator at once, as buckets are, with
+            # different chunk counts
             rings = []
-            for buf in mine:
-                rings.append(RingAllreduce(comm, buf, seq, chunk_bytes))
+            for i, buf in enumerate(mine):
+                rings.append(RingAllreduce(comm, buf, seq, chunk_bytes * (1 + 5 * i)))
                 seq += 1
             comm.wait_for(lambda rs=rings: all([r.test() for r in rs]), "rings")
             for i, buf in enumerate(mine):
@@ -128,9 +129,11 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
     comm = Comm(name="mean-test")
     n, r = comm.size, comm.rank
     if impl == "shm" and n > 1 and not shared_memory_usable(comm, 8 * 1001):
+        comm.free()
         pytest.skip("no shared memory for the window here")
     dtype = torch.float32 if impl == "shm" else torch.float64
-    shared = {k: SharedBucket(comm, k, dtype) for k in [0, 1, 2, 7, 1001]}
+    sizes = [0, 1, 2, 7, 1001] if impl == "shm" else []
+    shared = {k: SharedBucket(comm, k, dtype) for k in sizes}
     cases = [
         [1.0] * n,
         [float(i) for i in range(n)],  # rank 0 weighs 0
