@@ -214,7 +214,8 @@ def _session_processes(sid: int) -> list[int]:
         except OSError:
             continue
         # fields after the command: state ppid pgrp session ...
-        if int(fields[3]) == sid:
+        # (a zombie is dead already, whoever reaps it)
+        if int(fields[3]) == sid and fields[0] != "Z":
             found.append(int(entry.name))
     return found
 
@@ -296,6 +297,8 @@ def run_job(
             _kill_all(_job_processes(proc.pid, token), signal.SIGKILL)
             proc.wait()
         killed = _kill_all(_job_processes(proc.pid, token), signal.SIGKILL)
+        if timed_out or killed:
+            _wait_gone(proc.pid, token)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -308,6 +311,18 @@ def run_job(
         leftovers_killed=killed,
         token=token,
     )
+
+
+def _wait_gone(sid: int, token: str, limit: float = 5.0) -> None:
+    """Wait until the killed processes have left /proc (a process orphaned
+    into its own session dies asynchronously after SIGKILL)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        left = _job_processes(sid, token)
+        if not left:
+            return
+        _kill_all(left, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def _job_processes(sid: int, token: str) -> list[int]:
