@@ -69,14 +69,14 @@ _DECLARED = [
         "Sum all-reduces of CPU buffers at least this large use hybridagg's "
         "pipelined ring of non-blocking point-to-point messages instead of "
         "MPI_Iallreduce (0: always the ring; a huge value: never). "
-        "Must be the same on every rank.",
+        "Must be the same on every rank (DistributedOptimizer checks).",
     ),
     EnvVar(
         "HYBRIDAGG_RING_CHUNK_BYTES",
         "4194304",
         "Pipelining chunk of the ring all-reduce: each segment is cut into "
         "chunks of about this size that advance independently. "
-        "Must be the same on every rank.",
+        "Must be the same on every rank (DistributedOptimizer checks).",
     ),
     EnvVar(
         "HYBRIDAGG_SETTLED_MAX_BYTES",
@@ -90,7 +90,7 @@ _DECLARED = [
         "ring of blocking MPI_Sendrecv calls after a polled barrier, which "
         "beat the polled ring, MPI_Iallreduce and MPI_Allreduce up to 16 MiB "
         "here (0: never). "
-        "Must be the same on every rank.",
+        "Must be the same on every rank (DistributedOptimizer checks).",
     ),
     EnvVar(
         "HYBRIDAGG_SHM_REDUCE",

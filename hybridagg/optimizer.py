@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from . import config
 from .allreduce import (
     DEFAULT_BUCKET_BYTES,
     SHARE_SLOTS,
@@ -50,6 +51,14 @@ __all__ = [
     "broadcast_parameters",
     "init_torch_distributed",
 ]
+
+# settings that choose how each gradient bucket is reduced (checked at
+# construction: ranks that differ would post different collectives)
+_SAME_ON_EVERY_RANK = (
+    "HYBRIDAGG_RING_MIN_BYTES",
+    "HYBRIDAGG_SETTLED_MAX_BYTES",
+    "HYBRIDAGG_RING_CHUNK_BYTES",
+)
 
 MODES = ("sync", "hybrid", "async")
 _BACKENDS = ("auto", "mpi", "torch", "horovod")
@@ -218,8 +227,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _check_parameters(named, control: Comm) -> None:
-        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
-        everyone = control.allgather_obj(mine, what="parameter shapes")
+        params = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+        # the thresholds that choose each bucket's reduction must agree, or
+        # ranks would post different collectives
+        settings = {name: config.get_str(name) for name in _SAME_ON_EVERY_RANK}
+        everyone = control.allgather_obj(
+            (params, settings), what="parameter shapes and settings"
+        )
+        for rank, (_, theirs) in enumerate(everyone):
+            for name, value in theirs.items():
+                if value != everyone[0][1][name]:
+                    raise ValueError(
+                        f"{name} differs between rank 0 ({everyone[0][1][name]!r}) "
+                        f"and rank {rank} ({value!r}) of the workers; it must be "
+                        "the same on every rank"
+                    )
+        everyone = [p for p, _ in everyone]
         for rank, theirs in enumerate(everyone):
             if theirs != everyone[0]:
                 diff = next(

@@ -114,6 +114,28 @@ def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypat
             assert torch.equal(p.grad, g)
 
 
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_bucket_thresholds_that_differ_between_ranks_are_an_error_everywhere(
+    mpi_ranks, monkeypatch
+):
+    import hybridagg
+
+    topo = hybridagg.init()
+    if topo.rank == mpi_ranks - 1:
+        monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "64")
+    model = mlp()
+    with pytest.raises(
+        ValueError,
+        match=rf"HYBRIDAGG_SETTLED_MAX_BYTES differs between rank 0 .* and "
+        rf"rank {mpi_ranks - 1} \('64'\)",
+    ):
+        hybridagg.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model.named_parameters(),
+            topo,
+        )
+
+
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
 @pytest.mark.parametrize("dissent", ["env", "room"])
 def test_shared_memory_is_used_only_when_every_rank_agrees(
