@@ -621,8 +621,8 @@ class GradientReducer:
             self.progress()
             return all(self._bucket_done(b) for b in head)
 
-        poll(earlier_done, what=what, timeout=self.control.timeout, activity=activity)
         timeout = self.control.timeout
+        poll(earlier_done, what=what, timeout=timeout, activity=activity)
         if self._shared is not None:
             total = self._shared.reduce(ctrl, what=what, timeout=timeout)
         else:
@@ -665,7 +665,7 @@ class GradientReducer:
         if shared is None:
             return
         last = self.buckets[-1]
-        last.flat = alloc(last.flat.numel(), last.flat.dtype)
+        last.flat = alloc(last.flat.numel(), last.flat.dtype, zero=False)
         last.flat.copy_(shared.flat)
         for slot, i in enumerate(last.params):
             p, off = self.params[i], last.offsets[slot]

@@ -234,12 +234,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         everyone = control.allgather_obj(
             (params, settings), what="parameter shapes and settings"
         )
+        first = everyone[0][1]
         for rank, (_, theirs) in enumerate(everyone):
             for name, value in theirs.items():
-                if value != everyone[0][1][name]:
+                if value != first[name]:
                     raise ValueError(
-                        f"{name} differs between rank 0 ({everyone[0][1][name]!r}) "
-                        f"and rank {rank} ({value!r}) of the workers; it must be "
+                        f"{name} differs between rank 0 ({first[name]!r}) and "
+                        f"rank {rank} ({value!r}) of the workers; it must be "
                         "the same on every rank"
                     )
         everyone = [p for p, _ in everyone]
