@@ -222,6 +222,7 @@ def poll(
     timeout: float | None = None,
     activity: Callable[[], int] | None = None,
     spin: float | None = None,
+    max_sleep: float | None = None,
 ) -> float:
     """Wait until ``done()`` is true without burning a core.
 
@@ -243,6 +244,10 @@ def poll(
             ``HYBRIDAGG_POLL_SPIN_US``: for waits known to be short (every
             peer has arrived), where a sleep woken late would cost more
             than the wait.
+        max_sleep: Seconds, a lower back-off cap than
+            ``HYBRIDAGG_POLL_MAX_SLEEP_US`` (never a higher one): for a
+            service whose reaction time adds to its clients' latency (a
+            parameter server waiting for the next push).
 
     Returns:
         Seconds waited.
@@ -257,6 +262,8 @@ def poll(
         timeout = default_timeout()
     default_spin, cap = _poll_params()
     spin = default_spin if spin is None else spin
+    if max_sleep is not None:
+        cap = max(_MIN_SLEEP_S, min(cap, max_sleep))
     since, seen = start, activity() if activity is not None else 0
     while True:
         if done():
@@ -530,6 +537,7 @@ class Comm:
         what: str,
         timeout: float | None = None,
         activity: Callable[[], int] | None = None,
+        max_sleep: float | None = None,
     ) -> float:
         """:func:`poll` on an arbitrary condition, with this communicator's timeout."""
         return poll(
@@ -537,6 +545,7 @@ class Comm:
             what=f"{what} on {self.name} (rank {self.rank}/{self.size})",
             timeout=self.timeout if timeout is None else timeout,
             activity=activity,
+            max_sleep=max_sleep,
         )
 
     # --- small Python objects -------------------------------------------------

@@ -147,3 +147,68 @@ def test_configure_threads(monkeypatch):
     assert configure_threads(1) == 1
     with pytest.raises(ValueError, match="threads"):
         configure_threads(0)
+
+
+class _FakeClock:
+    """Stands in for ``time`` inside hybridagg.comm: sleeping advances it."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def perf_counter(self):
+        self.now += 1e-7  # each poll costs a little
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_poll_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch):
+    import hybridagg.comm as comm_mod
+
+    monkeypatch.setenv("HYBRIDAGG_POLL_MAX_SLEEP_US", "2000")
+    monkeypatch.setenv("HYBRIDAGG_POLL_SPIN_US", "0")
+
+    def longest_sleep(**kwargs):
+        clock = _FakeClock()
+        monkeypatch.setattr(comm_mod, "time", clock)
+        waited = comm_mod.poll(lambda: clock.now >= 1.0, what="t", **kwargs)
+        assert waited >= 1.0 and clock.sleeps
+        return max(clock.sleeps)
+
+    assert longest_sleep() == pytest.approx(2e-3)  # the back-off reaches the cap
+    assert longest_sleep(max_sleep=200e-6) == pytest.approx(200e-6)
+    assert longest_sleep(max_sleep=1.0) == pytest.approx(2e-3)  # never above the cap
+    assert longest_sleep(max_sleep=0.0) == pytest.approx(10e-6)  # the floor
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_server_max_sleep_reads_and_checks_its_variable(monkeypatch):
+    from hybridagg.ps.server import server_max_sleep
+
+    monkeypatch.delenv("HYBRIDAGG_SERVER_MAX_SLEEP_US", raising=False)
+    assert server_max_sleep() == pytest.approx(500e-6)
+    monkeypatch.setenv("HYBRIDAGG_SERVER_MAX_SLEEP_US", "50")
+    assert server_max_sleep() == pytest.approx(50e-6)
+    for bad in ("0", "-5"):
+        monkeypatch.setenv("HYBRIDAGG_SERVER_MAX_SLEEP_US", bad)
+        with pytest.raises(ValueError, match="HYBRIDAGG_SERVER_MAX_SLEEP_US"):
+            server_max_sleep()
+    monkeypatch.setenv("HYBRIDAGG_SERVER_MAX_SLEEP_US", "fast")
+    with pytest.raises(ValueError, match="HYBRIDAGG_SERVER_MAX_SLEEP_US"):
+        server_max_sleep()
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_a_waiting_server_costs_well_under_a_tenth_of_a_core():
+    from hybridagg.comm import poll
+    from hybridagg.ps.server import server_max_sleep
+
+    end = time.perf_counter() + 2.0
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    poll(lambda: time.perf_counter() >= end, what="idle", max_sleep=server_max_sleep())
+    cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
+    assert wall > 1.5
+    assert cpu / wall < 0.10, f"a server's idle wait used {cpu / wall:.1%} of a core"

@@ -44,7 +44,10 @@ request releases held replies (the held group must reach the snapshot), so
 around a checkpoint a group may get one update further ahead.
 
 Every wait polls (:func:`hybridagg.comm.poll`), so an idle server costs a
-small fraction of a core.
+small fraction of a core. Waiting for the next message, it sleeps at most
+``HYBRIDAGG_SERVER_MAX_SLEEP_US`` (500 us) between polls instead of the
+general 2 ms cap: a push that arrives while the server sleeps waits for it,
+and that delay adds to the round trip of every group's step.
 """
 
 from __future__ import annotations
@@ -57,13 +60,29 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import config
 from ..batching import BatchController
 from ..comm import alloc
 from . import protocol as P
 from .compensation import Compensation
 from .shards import part_ranges, pieces_of
 
-__all__ = ["ServerStats", "serve"]
+__all__ = ["ServerStats", "serve", "server_max_sleep"]
+
+
+def server_max_sleep() -> float:
+    """``HYBRIDAGG_SERVER_MAX_SLEEP_US`` in seconds.
+
+    Raises:
+        ValueError: The value is not a positive number.
+    """
+    value = config.get_float("HYBRIDAGG_SERVER_MAX_SLEEP_US")
+    value = 500.0 if value is None else value
+    if not value > 0:
+        raise ValueError(
+            f"HYBRIDAGG_SERVER_MAX_SLEEP_US must be positive, got {value:g}"
+        )
+    return value * 1e-6
 
 
 @dataclass
@@ -182,6 +201,7 @@ class _Server:
             self.version = int(restore["version"])
             self.stats.updates_per_leader = list(restore["updates_per_leader"])
         self.timeout = self.ps.timeout if timeout is None else timeout
+        self.max_sleep = server_max_sleep()
         self._setup_batching(spec.get("batching"))
         self.every, self.on_snapshot, self.on_commit = (
             checkpoint_every,
@@ -481,7 +501,12 @@ class _Server:
             return len(self.done) == self.G
 
         while len(self.done) < self.G:
-            self.ps.wait_for(event, "next message from a group leader", self.timeout)
+            self.ps.wait_for(
+                event,
+                "next message from a group leader",
+                self.timeout,
+                max_sleep=self.max_sleep,
+            )
             start = time.perf_counter()
             g = box.pop("g", None)
             if g == -1:
