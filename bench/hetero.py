@@ -17,7 +17,13 @@ level is trained by every mode on the same data, model, seeds and emulation:
   the outside baseline: hybridagg's ``sync`` should match it;
 * ``horovod``: the same script with ``horovod.torch.DistributedOptimizer``
   (``make horovod``); added to the default modes when Horovod is importable;
-* ``*+adaptive``: the same with adaptive batch sizes (``--adaptive-batch``).
+* ``*+adaptive``: the same with adaptive batch sizes (``--adaptive-batch``);
+* ``fast-pair``: a reference, not a way to run the 4-worker job: ``sync``
+  over workers 0-1 alone (2 ranks, never slowed), the slow pair left out.
+  It shows what the job gets from the fast workers alone; a mode that beats
+  it does so with the slow pair's samples, at most ``2 x 1000 / (MS x F)``
+  of the ideal ``sum``. Its efficiency is against its own ideal (the pair's);
+  not run at the ``change`` level, whose fast pair changes.
 
 Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
 start-up of an MPI job with torch costs seconds). Reported per cell: median
@@ -60,6 +66,7 @@ MODES = {
         ],
     ),
     "async+adaptive": (5, ["--mode", "async", "--servers", "1", "--adaptive-batch"]),
+    "fast-pair": (2, ["--mode", "sync"]),
 }
 
 
@@ -96,6 +103,11 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
     from hybridagg import runner
 
     nranks, extra = MODES[mode]
+    slowdown = level_spec(level, args.change_at)
+    if mode == "fast-pair":
+        if level == "change":
+            return []
+        slowdown = "0-1:1"
     common = [
         "--data",
         args.data,
@@ -106,7 +118,7 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         "--batch-size",
         str(args.batch_size),
         "--slowdown",
-        level_spec(level, args.change_at),
+        slowdown,
         "--sample-ms",
         str(args.sample_ms),
         "--target-accuracy",
