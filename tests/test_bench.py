@@ -1,0 +1,102 @@
+"""The benchmark scripts' pure parts: the headline's summary, the step breakdown."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    return load("hetero")
+
+
+def record(mode, level, seed, ttt, sps=1000.0):
+    return {
+        "mode": mode,
+        "level": level,
+        "seed": seed,
+        "time_to_target_s": ttt,
+        "samples_per_sec": sps,
+        "efficiency": 0.5,
+        "final_accuracy": 0.95,
+        "mean_staleness": 0.0,
+    }
+
+
+def test_level_specs(hetero):
+    assert hetero.level_spec("8", 3.0) == "0-1:1,2-3:8"
+    assert hetero.level_spec("change", 2.5) == "0-1:1,2-3:4@0;0-1:4,2-3:1@2.5"
+
+
+def test_cells_give_medians_ranges_and_the_cut_against_sync(hetero):
+    records = [record("sync", "8", s, t) for s, t in enumerate([6.0, 8.0, 7.0])]
+    records += [record("fast-pair", "8", s, t) for s, t in enumerate([1.0, 2.0, None])]
+    rows = {c["mode"]: c for c in hetero.cells(records)}
+    assert rows["sync"]["ttt"] == (7.0, 6.0, 8.0)
+    assert rows["sync"]["cut_vs_sync"] == pytest.approx(0.0)
+    # a seed that never reached the target is left out of the median, and said
+    assert rows["fast-pair"]["ttt"] == (1.5, 1.0, 2.0)
+    assert rows["fast-pair"]["reached"] == 2 and rows["fast-pair"]["runs"] == 3
+    assert rows["fast-pair"]["cut_vs_sync"] == pytest.approx(1 - 1.5 / 7.0)
+    table = hetero.markdown(hetero.cells(records), 0.9)
+    assert "| 8x | fast-pair | 1.50 [1.00-2.00] (2/3 reached) | 79% |" in table
+
+
+def test_every_mode_is_known_and_fast_pair_runs_on_two_ranks(hetero):
+    assert hetero.MODES["fast-pair"][0] == 2
+    assert {"sync", "hybrid", "async", "ddp", "horovod"} <= set(hetero.MODES)
+    with pytest.raises(SystemExit, match="unknown --modes"):
+        hetero.main(["--modes", "sync,warp"])
+
+
+def step(rank, t, batch, group=0, role="leader", comm=0.004):
+    return {
+        "event": "step",
+        "rank": rank,
+        "t": t,
+        "group": group,
+        "role": role,
+        "batch": batch,
+        "compute_s": 0.001,
+        "pace_s": 0.031,
+        "comm_s": comm,
+        "reduce_s": 0.0005,
+        "data_wait_s": None,
+    }
+
+
+def test_steps_gives_medians_per_group_and_role_without_empty_steps(tmp_path, capsys):
+    steps = load("steps")
+    lines = [
+        step(0, 0.036 * i, 32, comm=0.004 if i % 5 else 0.03) for i in range(1, 11)
+    ]
+    lines.append(step(0, 0.5, 0))  # an empty end-of-epoch step: left out
+    lines += [step(2, 0.26 * i, 32, group=1, role="worker") for i in range(1, 4)]
+    lines.append({"event": "eval", "rank": 0, "t": 0.4, "accuracy": 0.9})
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    rows = {(r["group"], r["role"]): r for r in steps.summarize(path)}
+    fast, slow = rows[(0, "leader")], rows[(1, "worker")]
+    assert fast["ranks"] == [0] and fast["steps"] == 10
+    assert fast["comm_ms"] == pytest.approx(4.0)  # the median, not the mean
+    assert fast["period_ms"] == pytest.approx(36.0)
+    assert fast["data_wait_ms"] == 0.0
+    assert fast["samples_per_sec_per_rank"] == pytest.approx(32 / 0.036)
+    assert slow["period_ms"] == pytest.approx(260.0)
+    assert steps.main([str(path)]) == 0
+    assert "| m.jsonl | 1 | worker | 2 | 3 | 260.00 |" in capsys.readouterr().out
+    empty = tmp_path / "e.jsonl"
+    empty.write_text(json.dumps({"event": "eval"}))
+    with pytest.raises(SystemExit, match="no step records"):
+        steps.main([str(empty)])
