@@ -22,8 +22,10 @@ level is trained by every mode on the same data, model, seeds and emulation:
   over workers 0-1 alone (2 ranks, never slowed), the slow pair left out.
   It shows what the job gets from the fast workers alone; a mode that beats
   it does so with the slow pair's samples, at most ``2 x 1000 / (MS x F)``
-  of the ideal ``sum``. Its efficiency is against its own ideal (the pair's);
-  not run at the ``change`` level, whose fast pair changes.
+  samples/s, a share ``1 / (F + 1)`` of the ideal. Its efficiency is against
+  its own ideal (the pair's). It is the same job at every level (run again
+  at each, which shows its spread between runs) and is not run at the
+  ``change`` level, whose fast pair changes.
 
 Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
 start-up of an MPI job with torch costs seconds). Reported per cell: median

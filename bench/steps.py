@@ -22,11 +22,24 @@ import statistics
 import sys
 from pathlib import Path
 
+__all__ = ["PARTS", "main", "markdown", "summarize"]
+
 PARTS = ("compute_s", "pace_s", "comm_s", "reduce_s", "data_wait_s")
 
 
 def summarize(path: str | Path) -> list[dict]:
-    """One row per (group, role): medians in ms over the non-empty steps."""
+    """Summarize one metrics file.
+
+    Args:
+        path: A JSONL file written by ``hybridagg train --metrics``.
+
+    Returns:
+        One row per (group, role): ``file``, ``group``, ``role``, ``ranks``,
+        ``steps`` (per rank), the median milliseconds of each of
+        :data:`PARTS` and of the period between steps (``*_ms``;
+        ``period_ms`` is ``None`` with a single step) and
+        ``samples_per_sec_per_rank`` (median batch / median period).
+    """
     by_rank: dict[int, list[dict]] = {}
     for line in Path(path).read_text().splitlines():
         record = json.loads(line)
@@ -60,7 +73,10 @@ def summarize(path: str | Path) -> list[dict]:
         vals = row.pop("vals")
         row["steps"] = len(vals["batch"]) // len(row["ranks"])
         for part in (*PARTS, "period_s"):
-            row[part.replace("_s", "_ms")] = 1e3 * statistics.median(vals[part])
+            got = vals[part]
+            row[part.replace("_s", "_ms")] = (
+                1e3 * statistics.median(got) if got else None
+            )
         row["samples_per_sec_per_rank"] = (
             statistics.median(vals["batch"]) / statistics.median(vals["period_s"])
             if vals["period_s"]
@@ -71,6 +87,11 @@ def summarize(path: str | Path) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
+    """The rows of :func:`summarize` as a Markdown table."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     head = (
         "| file | group | role | ranks | steps | period ms | compute ms | pace ms | "
         "comm ms | reduce ms | data wait ms | samples/s per rank |\n"
@@ -81,7 +102,7 @@ def markdown(rows: list[dict]) -> str:
         sps = r["samples_per_sec_per_rank"]
         lines.append(
             f"| {Path(r['file']).name} | {r['group']} | {r['role']} | "
-            f"{','.join(map(str, r['ranks']))} | {r['steps']} | {r['period_ms']:.2f} | "
+            f"{','.join(map(str, r['ranks']))} | {r['steps']} | {ms(r['period_ms'])} | "
             f"{r['compute_ms']:.2f} | {r['pace_ms']:.2f} | {r['comm_ms']:.2f} | "
             f"{r['reduce_ms']:.2f} | {r['data_wait_ms']:.2f} | "
             f"{'-' if sps is None else f'{sps:.0f}'} |"
@@ -90,6 +111,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the table of every file given; ``--json`` writes the rows too."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "metrics", nargs="+", help="JSONL files from hybridagg train --metrics"

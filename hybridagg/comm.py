@@ -263,7 +263,7 @@ def poll(
     default_spin, cap = _poll_params()
     spin = default_spin if spin is None else spin
     if max_sleep is not None:
-        cap = max(_MIN_SLEEP_S, min(cap, max_sleep))
+        cap = min(cap, max(_MIN_SLEEP_S, max_sleep))
     since, seen = start, activity() if activity is not None else 0
     while True:
         if done():
@@ -539,7 +539,10 @@ class Comm:
         activity: Callable[[], int] | None = None,
         max_sleep: float | None = None,
     ) -> float:
-        """:func:`poll` on an arbitrary condition, with this communicator's timeout."""
+        """:func:`poll` on an arbitrary condition, with this communicator's timeout.
+
+        ``activity`` and ``max_sleep`` are passed to :func:`poll` as they are.
+        """
         return poll(
             done,
             what=f"{what} on {self.name} (rank {self.rank}/{self.size})",

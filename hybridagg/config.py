@@ -69,7 +69,8 @@ _DECLARED = [
         "Back-off cap of a parameter server waiting for the next message "
         "(lower than HYBRIDAGG_POLL_MAX_SLEEP_US, which still bounds it): the "
         "server's reaction time adds to every push's round trip. An idle "
-        "server then wakes up to 2,000 times a second (about 6% of a core here).",
+        "server then wakes up to 2,000 times a second (about 6% of a core on "
+        "a 2-core VM, bench/RESULTS.md).",
     ),
     EnvVar(
         "HYBRIDAGG_RING_MIN_BYTES",

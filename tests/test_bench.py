@@ -96,7 +96,61 @@ def test_steps_gives_medians_per_group_and_role_without_empty_steps(tmp_path, ca
     assert slow["period_ms"] == pytest.approx(260.0)
     assert steps.main([str(path)]) == 0
     assert "| m.jsonl | 1 | worker | 2 | 3 | 260.00 |" in capsys.readouterr().out
+    single = tmp_path / "one.jsonl"
+    single.write_text(json.dumps(step(0, 0.1, 32)))
+    (row,) = steps.summarize(single)
+    assert row["period_ms"] is None and row["samples_per_sec_per_rank"] is None
+    assert row["comm_ms"] == pytest.approx(4.0)
+    assert "| one.jsonl | 0 | leader | 0 | 1 | - |" in steps.markdown([row])
     empty = tmp_path / "e.jsonl"
     empty.write_text(json.dumps({"event": "eval"}))
     with pytest.raises(SystemExit, match="no step records"):
         steps.main([str(empty)])
+
+
+def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
+    hetero, monkeypatch, tmp_path
+):
+    import argparse
+    import types
+
+    from hybridagg import runner
+
+    calls = []
+
+    def fake_run_job(argv, timeout, env):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        out.write_text(json.dumps([{"time_to_target_s": 1.0}]))
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(runner, "run_job", fake_run_job)
+    args = argparse.Namespace(
+        data="d.h5",
+        epochs=1,
+        lr=0.05,
+        batch_size=32,
+        sample_ms=1.0,
+        target_accuracy=0.9,
+        eval_every=5,
+        change_at=3.0,
+        train_extra="",
+        timeout=60,
+        seeds=1,
+    )
+    assert hetero.run_cell("fast-pair", "change", args, tmp_path) == []
+    assert calls == []
+    (rec,) = hetero.run_cell("fast-pair", "8", args, tmp_path)
+    assert rec == {
+        "time_to_target_s": 1.0,
+        "mode": "fast-pair",
+        "level": "8",
+        "seed": 0,
+    }
+    argv = calls[-1]
+    assert argv[argv.index("--slowdown") + 1] == "0-1:1"
+    assert argv[argv.index("-n") : argv.index("-n") + 2] == ["-n", "2"]
+    hetero.run_cell("hybrid", "8", args, tmp_path)
+    argv = calls[-1]
+    assert argv[argv.index("--slowdown") + 1] == "0-1:1,2-3:8"
+    assert argv[argv.index("-n") : argv.index("-n") + 2] == ["-n", "5"]

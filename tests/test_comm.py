@@ -182,6 +182,26 @@ def test_poll_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch)
     assert longest_sleep(max_sleep=200e-6) == pytest.approx(200e-6)
     assert longest_sleep(max_sleep=1.0) == pytest.approx(2e-3)  # never above the cap
     assert longest_sleep(max_sleep=0.0) == pytest.approx(10e-6)  # the floor
+    monkeypatch.setenv("HYBRIDAGG_POLL_MAX_SLEEP_US", "5")  # a cap below the floor
+    assert longest_sleep(max_sleep=200e-6) == pytest.approx(5e-6)
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_comm_wait_for_passes_max_sleep_and_activity_on(monkeypatch):
+    import hybridagg.comm as comm_mod
+
+    seen = {}
+
+    def fake_poll(done, **kwargs):
+        seen.update(kwargs)
+        return 0.0
+
+    comm = comm_mod.Comm(name="svc", timeout=7.0)
+    monkeypatch.setattr(comm_mod, "poll", fake_poll)
+    counter = lambda: 3  # noqa: E731
+    comm.wait_for(lambda: True, "next push", activity=counter, max_sleep=5e-4)
+    assert seen["max_sleep"] == 5e-4 and seen["activity"] is counter
+    assert seen["timeout"] == 7.0 and "next push on svc" in seen["what"]
 
 
 @pytest.mark.mpi(ranks=1, timeout=60)

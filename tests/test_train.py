@@ -303,6 +303,17 @@ def test_bad_input_stops_every_rank_with_one_message(digits, args, match):
     assert text.count("hybridagg train: error:") == 1, text[-3000:]
 
 
+def test_a_bad_server_setting_stops_every_rank_with_one_message(digits):
+    args = ["--data", digits, "--no-progress", "--steps", "3"]
+    args += ["--mode", "async", "--servers", "1"]
+    result = run_train(2, args, env={"HYBRIDAGG_SERVER_MAX_SLEEP_US": "0"}, timeout=90)
+    text = output(result)
+    assert result.returncode != 0
+    assert "Traceback" not in text, text[-3000:]
+    assert "HYBRIDAGG_SERVER_MAX_SLEEP_US must be positive" in text, text[-3000:]
+    assert text.count("hybridagg train: error:") == 1, text[-3000:]
+
+
 def test_broken_data_file_and_checkpoint_of_another_model(digits, tmp_path):
     broken = tmp_path / "broken.h5"
     broken.write_bytes(Path(digits).read_bytes()[:5000])

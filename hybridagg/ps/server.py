@@ -71,17 +71,17 @@ __all__ = ["ServerStats", "serve", "server_max_sleep"]
 
 
 def server_max_sleep() -> float:
-    """``HYBRIDAGG_SERVER_MAX_SLEEP_US`` in seconds.
+    """How long a server waiting for the next message may sleep between polls.
+
+    Returns:
+        ``HYBRIDAGG_SERVER_MAX_SLEEP_US`` in seconds.
 
     Raises:
         ValueError: The value is not a positive number.
     """
     value = config.get_float("HYBRIDAGG_SERVER_MAX_SLEEP_US")
-    value = 500.0 if value is None else value
-    if not value > 0:
-        raise ValueError(
-            f"HYBRIDAGG_SERVER_MAX_SLEEP_US must be positive, got {value:g}"
-        )
+    if value is None or not value > 0:
+        raise ValueError(f"HYBRIDAGG_SERVER_MAX_SLEEP_US must be positive, got {value}")
     return value * 1e-6
 
 

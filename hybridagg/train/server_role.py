@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..ps.server import serve
+from ..ps.server import serve, server_max_sleep
 from .checkpoint import Checkpointer, load_part
 from .common import manifest, warm_up_optimizer
 from .metrics import MetricsWriter
@@ -23,6 +23,7 @@ class ServerRole:
         err, restore = None, None
         ck = Checkpointer(cfg.checkpoint, topo.rank) if cfg.checkpoint else None
         try:
+            server_max_sleep()  # a bad value: the same error on every rank, here
             if self.resume is not None:
                 part = load_part(self.resume, topo.rank)
                 if part is None:
