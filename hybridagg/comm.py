@@ -537,17 +537,20 @@ class Comm:
         what: str,
         timeout: float | None = None,
         activity: Callable[[], int] | None = None,
+        spin: float | None = None,
         max_sleep: float | None = None,
     ) -> float:
         """:func:`poll` on an arbitrary condition, with this communicator's timeout.
 
-        ``activity`` and ``max_sleep`` are passed to :func:`poll` as they are.
+        ``activity``, ``spin`` and ``max_sleep`` are passed to :func:`poll`
+        as they are.
         """
         return poll(
             done,
             what=f"{what} on {self.name} (rank {self.rank}/{self.size})",
             timeout=self.timeout if timeout is None else timeout,
             activity=activity,
+            spin=spin,
             max_sleep=max_sleep,
         )
 

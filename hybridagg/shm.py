@@ -32,7 +32,7 @@ import torch
 from mpi4py import MPI
 
 from . import config
-from .comm import Comm, poll
+from .comm import Comm
 
 __all__ = ["SharedBucket", "shared_memory_usable"]
 
@@ -121,13 +121,7 @@ class SharedBucket:
         return self.views[of][self._bounds[owner] : self._bounds[owner + 1]]
 
     def _barrier(self, what: str, timeout: float | None, spin: float | None = None):
-        comm = self.comm
-        poll(
-            comm.mpi.Ibarrier().Test,
-            what=f"{what} on {comm.name} (rank {comm.rank}/{comm.size})",
-            timeout=comm.timeout if timeout is None else timeout,
-            spin=spin,
-        )
+        self.comm.wait_for(self.comm.mpi.Ibarrier().Test, what, timeout, spin=spin)
 
     def reduce(
         self,
