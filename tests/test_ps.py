@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from hybridagg.ps.compensation import Compensation, damping, lr_scale
+from hybridagg.ps.compensation import Compensation, damping, lookahead_factor, lr_scale
 from hybridagg.ps.shards import pieces_of, shard_ranges
 
 
@@ -30,6 +30,78 @@ def test_linear_scaling_with_warmup_and_damping():
         Compensation(reference_batch=0)
     with pytest.raises(ValueError, match="staleness damping must be one of"):
         Compensation(staleness="linear")
+
+
+def test_lookahead_factor_sums_the_decaying_momentum():
+    assert lookahead_factor(0.9, 0) == 0.0
+    assert lookahead_factor(0.9, 1) == pytest.approx(0.9)
+    assert lookahead_factor(0.9, 3) == pytest.approx(0.9 + 0.81 + 0.729)
+    assert lookahead_factor(0.0, 5) == 0.0
+    # a fractional running mean lies between its neighbours
+    assert (
+        lookahead_factor(0.9, 1) < lookahead_factor(0.9, 1.5) < lookahead_factor(0.9, 2)
+    )
+    with pytest.raises(ValueError, match="momentum must be in"):
+        lookahead_factor(1.0, 2)
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        lookahead_factor(0.9, -1)
+    with pytest.raises(ValueError, match="lookahead_horizon must be >= 0"):
+        Compensation(lookahead=True, lookahead_horizon=-1)
+
+
+def test_shard_prediction_follows_each_pieces_momentum():
+    """Parts cut parameters in pieces; each piece moves along its own buffer."""
+    import numpy as np
+
+    from hybridagg.ps.server import _Shard
+
+    torch.manual_seed(0)
+    ref = [torch.nn.Parameter(torch.randn(n, dtype=torch.float64)) for n in (5, 7, 3)]
+    user = torch.optim.SGD(
+        [{"params": ref[:1], "lr": 0.1, "momentum": 0.9}, {"params": ref[1:]}],
+        lr=0.2,
+        momentum=0.5,
+    )
+    flat0 = torch.cat([p.detach() for p in ref])
+    spec = {
+        "shard": flat0.numpy().copy(),
+        "range": (0, 15),
+        "part_elems": 4,  # parts [0,4) [4,8) [8,12) [12,15): pieces straddle them
+        "optimizer": torch.optim.SGD,
+        "defaults": dict(user.defaults),
+        "hyper": [
+            {k: v for k, v in g.items() if k != "params"} for g in user.param_groups
+        ],
+        "group_of": [0, 1, 1],
+        "numels": [5, 7, 3],
+        "buffers": None,
+    }
+    shard = _Shard(spec)
+    lrs = [0.1, 0.2]
+    for _ in range(3):
+        grads = [torch.randn(p.numel(), dtype=torch.float64) for p in ref]
+        for p, g in zip(ref, grads, strict=True):
+            p.grad = g.clone()
+        user.step()
+        shard.grad.copy_(torch.cat(grads))
+        for i in range(len(shard.parts)):
+            shard.apply(i, lrs, 1.0)
+    torch.testing.assert_close(shard.flat, torch.cat([p.detach() for p in ref]))
+    tau, pred_lrs = 2.5, [0.3, 0.05]
+    expected = torch.cat(
+        [
+            p.detach()
+            - pred_lrs[gi]
+            * lookahead_factor(mom, tau)
+            * user.state[p]["momentum_buffer"]
+            for p, gi, mom in zip(ref, [0, 1, 1], [0.9, 0.5, 0.5], strict=True)
+        ]
+    )
+    for i, (a, b) in enumerate(shard.parts):
+        out = shard.flat[a:b].clone()
+        shard.predict(i, out, pred_lrs, tau)
+        torch.testing.assert_close(out, expected[a:b], msg=f"part {i}")
+    assert np.allclose(shard.flat.numpy(), torch.cat([p.detach() for p in ref]).numpy())
 
 
 def test_shards_are_balanced_and_pieces_cover_the_model():
@@ -203,6 +275,76 @@ def test_overlap_counts_the_step_of_delay_and_converges():
         assert info["updates"] == 119  # the last reply is applied by finish()
     if dist is not None and info["topo"].rank == 0:
         assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_lookahead_replies_match_a_replay_of_the_server():
+    """One overlapped group: every gradient lands one update late, so the
+    servers answer with weights moved along the momentum; the model matches a
+    single-process replay step by step, and a pull gives the true weights."""
+    import hybridagg
+    from hybridagg.ps.server import _TAU_WEIGHT
+
+    topo = hybridagg.init(groups="world", servers=1)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    n, rank = topo.num_workers, topo.rank
+    model, ref, probe = mlp(), mlp(), mlp()
+    opt = hybridagg.DistributedOptimizer(
+        make_opt("sgd", model),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+        compensation=Compensation(lookahead=True),
+        overlap=True,
+    )
+    ref_opt = make_opt("sgd", ref)  # the servers' weights and momentum
+    seen = [p.detach().clone() for p in model.parameters()]  # the workers' weights
+    pending, tau = None, 0.0
+    g = torch.Generator().manual_seed(7)
+    for step in range(8):
+        x = torch.randn(4 * n, 6, generator=g, dtype=torch.float64)
+        y = torch.randn(4 * n, 3, generator=g, dtype=torch.float64)
+        mine = slice(4 * rank, 4 * rank + 4)
+        opt.set_samples(4)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        opt.step()
+        # replay: the gradient of the union batch at the weights the group had
+        with torch.no_grad():
+            for q, w in zip(probe.parameters(), seen, strict=True):
+                q.copy_(w)
+        probe.zero_grad()
+        torch.nn.functional.mse_loss(probe(x), y).backward()
+        if pending is not None:
+            seen = pending
+        staleness = 0 if step == 0 else 1
+        tau += _TAU_WEIGHT * (staleness - tau)
+        ref_opt.param_groups[0]["lr"] = 0.1 / (1 + staleness)
+        for r, q in zip(ref.parameters(), probe.parameters(), strict=True):
+            r.grad = q.grad.clone()
+        ref_opt.step()
+        c = lookahead_factor(0.9, tau) if tau > 0 else 0.0
+        pending = [
+            r.detach() - 0.1 * c * ref_opt.state[r]["momentum_buffer"]
+            for r in ref.parameters()
+        ]
+        for p, w in zip(model.parameters(), seen, strict=True):
+            torch.testing.assert_close(
+                p.detach(), w, rtol=1e-10, atol=1e-12, msg=f"step {step}"
+            )
+        if step >= 2:
+            assert opt.last_staleness == 1
+    # a pull is not an answer to a push: the servers' true weights
+    true = torch.cat([r.detach().reshape(-1) for r in ref.parameters()])
+    if rank == 0:
+        torch.testing.assert_close(opt.pull_weights(), true, rtol=1e-10, atol=1e-12)
+        assert not torch.allclose(true, torch.cat([w.reshape(-1) for w in pending]))
+    opt.finish()
+    if rank == 0:
+        final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(final, true, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.mpi(ranks=4, timeout=240)

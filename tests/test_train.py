@@ -51,6 +51,7 @@ def digits(tmp_path_factory):
         ({"checkpoint_every": 5}, "need --checkpoint DIR"),
         ({"mode": "sync", "overlap": True}, "need --mode hybrid or async"),
         ({"batch_probe": -1}, "--batch-probe must be >= 0"),
+        ({"lookahead_horizon": -1}, "--lookahead-horizon must be >= 0"),
     ],
 )
 def test_bad_options_are_named(kw, match):

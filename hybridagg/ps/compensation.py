@@ -21,6 +21,22 @@ the version the gradient was computed from. Damping rules:
 
 In ``sync`` mode an update holds every worker's samples and staleness is 0;
 in ``hybrid`` a group's samples; in ``async`` one worker's.
+
+Momentum lookahead (``lookahead=True``, for optimizers with a momentum
+buffer such as SGD): a gradient sent now is applied about ``tau`` updates
+later, and until then the weights keep moving along the momentum. So the
+servers answer a push with the weights they expect at that point instead of
+the current ones, ``w - lr_g x lookahead_factor(mu, tau_g) x buf`` (the
+momentum-only path of the next ``tau_g`` updates), where ``tau_g`` is a
+running mean of the group's measured staleness and ``lr_g`` the rate of the
+group's own undamped updates. The group then computes its next gradient
+close to where it will be applied, which is the idea of DANA (Hakimi et al.,
+2019). Only groups whose running staleness is at most ``lookahead_horizon``
+(default 4 updates) get a prediction: over a longer gap the gradients of
+the other groups, not the decaying momentum, decide where the weights go,
+and on the digits benchmark predicting that far for the slow workers made
+training slower (bench/RESULTS.md). Validation pulls and the final weights
+are the true weights.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DAMPING_RULES", "Compensation", "damping", "lr_scale"]
+__all__ = ["DAMPING_RULES", "Compensation", "damping", "lookahead_factor", "lr_scale"]
 
 DAMPING_RULES = ("inverse", "sqrt", "none")
 
@@ -50,6 +66,25 @@ def damping(staleness: int, rule: str = "inverse") -> float:
     raise ValueError(f"damping rule must be one of {DAMPING_RULES}, got {rule!r}")
 
 
+def lookahead_factor(momentum: float, staleness: float) -> float:
+    """Learning rates' worth of momentum buffer the weights move in ``staleness`` updates.
+
+    With no new gradients the buffer decays by ``momentum`` per update, so the
+    weights move by ``lr x buf x (m + m**2 + ... + m**tau)``; ``staleness``
+    may be fractional (a running mean).
+
+    Raises:
+        ValueError: ``momentum`` outside ``[0, 1)`` or negative ``staleness``.
+    """
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1) for a lookahead, got {momentum}")
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    if momentum == 0.0:
+        return 0.0
+    return momentum * (1.0 - momentum**staleness) / (1.0 - momentum)
+
+
 @dataclass(frozen=True)
 class Compensation:
     """Settings of the learning-rate rule (see the module docstring).
@@ -60,11 +95,17 @@ class Compensation:
             used as is, as plain PyTorch would).
         warmup_updates: Updates over which the scale ramps from 1 to ``k``.
         staleness: Damping rule: ``"inverse"``, ``"sqrt"`` or ``"none"``.
+        lookahead: Answer pushes with the weights expected when the group's
+            next gradient lands (see the module docstring).
+        lookahead_horizon: Largest running staleness (in updates) a group
+            may have and still get a lookahead.
     """
 
     reference_batch: float | None = None
     warmup_updates: int = 0
     staleness: str = "inverse"
+    lookahead: bool = False
+    lookahead_horizon: float = 4.0
 
     def __post_init__(self) -> None:
         if self.reference_batch is not None and not self.reference_batch > 0:
@@ -73,6 +114,10 @@ class Compensation:
             )
         if self.warmup_updates < 0:
             raise ValueError(f"warmup_updates must be >= 0, got {self.warmup_updates}")
+        if not self.lookahead_horizon >= 0:
+            raise ValueError(
+                f"lookahead_horizon must be >= 0, got {self.lookahead_horizon}"
+            )
         if self.staleness not in DAMPING_RULES:
             raise ValueError(
                 f"staleness damping must be one of {DAMPING_RULES}, got {self.staleness!r}"

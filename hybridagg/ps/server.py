@@ -64,10 +64,13 @@ from .. import config
 from ..batching import BatchController
 from ..comm import alloc
 from . import protocol as P
-from .compensation import Compensation
+from .compensation import Compensation, lookahead_factor
 from .shards import part_ranges, pieces_of
 
 __all__ = ["ServerStats", "serve", "server_max_sleep"]
+
+# weight of the newest staleness in a group's running mean (lookahead)
+_TAU_WEIGHT = 0.3
 
 
 def server_max_sleep() -> float:
@@ -143,6 +146,29 @@ class _Shard:
             group["lr"] = lrs[user_group] * scale
         opt.step()
 
+    def predict(
+        self, part: int, out: torch.Tensor, lrs: list[float], staleness: float
+    ) -> None:
+        """Move ``out`` (part ``part``'s weights) along the momentum of ``staleness`` updates."""
+        entry = self.optimizers[part]
+        if entry is None or self.skip_update:
+            return
+        opt, groups = entry
+        lo = self.parts[part][0]
+        size = self.flat.element_size()
+        base = self.flat.data_ptr()
+        for group, user_group in zip(opt.param_groups, groups, strict=True):
+            momentum = float(group.get("momentum", 0.0) or 0.0)
+            if momentum <= 0.0 or momentum >= 1.0:
+                continue
+            alpha = lrs[user_group] * lookahead_factor(momentum, staleness)
+            for param in group["params"]:
+                buf = opt.state.get(param, {}).get("momentum_buffer")
+                if buf is None:
+                    continue
+                start = (param.data_ptr() - base) // size - lo
+                out[start : start + param.numel()].sub_(buf.reshape(-1), alpha=alpha)
+
     def state(self) -> dict:
         return {
             "flat": self.flat.clone(),
@@ -191,6 +217,11 @@ class _Server:
         spec = self.ps.recv_obj(0, P.INIT, what="parameter-server start-up from rank 0")
         self.shard = _Shard(spec)
         self.comp: Compensation = spec["compensation"]
+        self.lookahead = self.comp.lookahead
+        # running mean of each group's staleness, and the undamped rates of
+        # its updates: what the lookahead of a reply to it is computed from
+        self.tau = [float(self.G - 1)] * self.G
+        self.pred_lrs: list[list[float] | None] = [None] * self.G
         self.bound: int | None = spec["staleness_bound"]
         self.budget: int | None = spec["max_updates"]
         self.hlen = P.HEAD + len(spec["hyper"])
@@ -300,16 +331,31 @@ class _Server:
         )
         return h
 
+    def _predicting(self, g: int) -> bool:
+        tau = self.tau[g]
+        return (
+            self.lookahead
+            and self.pred_lrs[g] is not None
+            and 0 < tau <= self.comp.lookahead_horizon
+        )
+
     def _reply_from(
-        self, g: int, a: int | None = None, b: int | None = None
+        self,
+        g: int,
+        a: int | None = None,
+        b: int | None = None,
+        part: int | None = None,
     ) -> torch.Tensor:
         """The memory a reply to ``g`` sends weights ``[a, b)`` (None: buffers) from.
 
         Call after :meth:`_head` (which completes ``g``'s previous reply).
+        With ``part`` given and the lookahead on, the weights of that part are
+        the ones expected when ``g``'s next gradient is applied.
         """
         shard = self.shard
         src = shard.buffers if a is None else shard.flat[a:b]
-        if self.G == 1:
+        predict = part is not None and self._predicting(g)
+        if self.G == 1 and not predict:
             return src
         if self.copies[g] is None:
             bufs = None if shard.buffers is None else shard.buffers.clone()
@@ -317,12 +363,18 @@ class _Server:
         weights, bufs = self.copies[g]
         out = bufs if a is None else weights[a:b]
         out.copy_(src)
+        if predict:
+            shard.predict(part, out, self.pred_lrs[g], self.tau[g])
         return out
 
-    def reply_whole(self, g: int, staleness: int, scale: float) -> None:
+    def reply_whole(
+        self, g: int, staleness: int, scale: float, predict: bool = False
+    ) -> None:
+        """Send ``g`` the header and every part (``predict``: an answer to a push)."""
         reqs = [self.ps.mpi.Isend(self._head(g, staleness, scale), g, P.REPLY_HDR)]
-        for a, b in self.shard.parts:
-            reqs.append(self.ps.isend(self._reply_from(g, a, b), g, P.REPLY_W))
+        for i, (a, b) in enumerate(self.shard.parts):
+            src = self._reply_from(g, a, b, i if predict else None)
+            reqs.append(self.ps.isend(src, g, P.REPLY_W))
         if self.shard.buffers is not None:
             reqs.append(self.ps.isend(self._reply_from(g), g, P.REPLY_BUF))
         self.sends[g] = reqs
@@ -338,7 +390,7 @@ class _Server:
         for g in sorted(self.held):
             if everyone or not self.too_far_ahead(g):
                 staleness, scale = self.held.pop(g)
-                self.reply_whole(g, staleness, scale)
+                self.reply_whole(g, staleness, scale, predict=True)
 
     # --- messages --------------------------------------------------------------
     def push(self, g: int, header: np.ndarray) -> None:
@@ -350,6 +402,10 @@ class _Server:
         staleness = self.version - version_from
         scale = self.comp.scale(samples, self.version, staleness)
         lrs = header[P.HEAD :].tolist()
+        if self.lookahead:
+            self.tau[g] += _TAU_WEIGHT * (staleness - self.tau[g])
+            undamped = self.comp.scale(samples, self.version, 0)
+            self.pred_lrs[g] = [lr * undamped for lr in lrs]
         grads = [ps.irecv(shard.grad[a:b], g, P.GRAD) for a, b in shard.parts]
         incoming = None
         if shard.buffers is not None:
@@ -375,7 +431,7 @@ class _Server:
             shard.apply(i, lrs, scale)
             applied += time.perf_counter() - t0
             if not hold:
-                reqs.append(ps.isend(self._reply_from(g, a, b), g, P.REPLY_W))
+                reqs.append(ps.isend(self._reply_from(g, a, b, i), g, P.REPLY_W))
         if incoming is not None:
             ps.wait(grads[-1], f"buffers from leader {g}")
             shard.buffers.copy_(incoming)

@@ -43,6 +43,8 @@ class TrainConfig:
     sample_ms: float = 0.0
     warmup_updates: int = 0
     damping: str = "inverse"
+    lookahead: bool = True
+    lookahead_horizon: float = 4.0
     staleness_bound: int | None = None
     overlap: bool = False
     allreduce_backend: str = "auto"
@@ -109,6 +111,10 @@ class TrainConfig:
             if value is not None and value < low:
                 flag = name.replace("_", "-")
                 raise ValueError(f"--{flag} must be >= {low}, got {value}")
+        if not self.lookahead_horizon >= 0:
+            raise ValueError(
+                f"--lookahead-horizon must be >= 0, got {self.lookahead_horizon}"
+            )
         if self.momentum < 0 or self.weight_decay < 0 or self.sample_ms < 0:
             raise ValueError("--momentum, --weight-decay and --sample-ms must be >= 0")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
@@ -235,6 +241,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="inverse",
         choices=DAMPING_RULES,
         help="staleness damping of the lr (default 1/(1+staleness))",
+    )
+    g.add_argument(
+        "--no-lookahead",
+        dest="lookahead",
+        action="store_false",
+        help="answer pushes with the current weights, not the ones expected "
+        "when the group's next gradient lands (momentum lookahead; hybrid, async)",
     )
     g.add_argument(
         "--staleness-bound",

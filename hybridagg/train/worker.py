@@ -112,6 +112,8 @@ class WorkerRole:
                 reference_batch=cfg.batch_size,
                 warmup_updates=cfg.warmup_updates,
                 staleness=cfg.damping,
+                lookahead=cfg.lookahead,
+                lookahead_horizon=cfg.lookahead_horizon,
             ),
             staleness_bound=cfg.staleness_bound,
             max_updates=cfg.steps if cfg.mode != "sync" else None,
