@@ -90,8 +90,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compensation: The learning-rate rule
             (:class:`~hybridagg.ps.compensation.Compensation`): linear
             scaling by the update's samples with warm-up, and staleness
-            damping. Default: no scaling (the rate as given), damping
-            ``1 / (1 + staleness)`` in hybrid and async.
+            damping, and optionally the momentum lookahead of the servers'
+            replies. Default: no scaling (the rate as given), damping
+            ``1 / (1 + staleness)`` in hybrid and async, no lookahead
+            (``hybridagg train`` turns it on).
         staleness_bound: Hybrid/async: SSP bound ``s`` in a group's own
             updates (``None``: groups never wait for each other).
         max_updates: Hybrid/async: server version after which
