@@ -59,6 +59,24 @@ def test_bad_options_are_named(kw, match):
         TrainConfig(data="x.h5", **kw)
 
 
+def test_every_config_field_has_a_command_line_flag():
+    from hybridagg.cli import build_parser
+    from hybridagg.train.options import config_from_args
+
+    argv = ["train", "--data", "x.h5", "--mode", "async"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.lookahead and cfg.lookahead_horizon == 4.0
+    argv += ["--no-lookahead", "--lookahead-horizon", "2.5"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert not cfg.lookahead and cfg.lookahead_horizon == 2.5
+    # a field the parser does not fill would silently keep its default
+    from dataclasses import fields
+
+    parsed = vars(build_parser().parse_args(["train", "--data", "x.h5"]))
+    missing = {f.name for f in fields(TrainConfig)} - set(parsed)
+    assert not missing, f"TrainConfig fields without a flag: {sorted(missing)}"
+
+
 def test_defaults_by_mode():
     assert TrainConfig(data="x").group_spec == "world"
     assert TrainConfig(data="x", mode="hybrid").num_servers == 1

@@ -250,6 +250,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "when the group's next gradient lands (momentum lookahead; hybrid, async)",
     )
     g.add_argument(
+        "--lookahead-horizon",
+        type=float,
+        default=4.0,
+        help="groups whose mean staleness exceeds this many updates get the "
+        "current weights (default 4)",
+    )
+    g.add_argument(
         "--staleness-bound",
         type=int,
         help="SSP: a group may be at most this many of its updates ahead",
