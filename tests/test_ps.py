@@ -278,7 +278,8 @@ def test_overlap_counts_the_step_of_delay_and_converges():
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_lookahead_replies_match_a_replay_of_the_server():
+@pytest.mark.parametrize("horizon", [None, 0.5])
+def test_lookahead_replies_match_a_replay_of_the_server(horizon):
     """One overlapped group: every gradient lands one update late, so the
     servers answer with weights moved along the momentum; the model matches a
     single-process replay step by step, and a pull gives the true weights."""
@@ -296,7 +297,7 @@ def test_lookahead_replies_match_a_replay_of_the_server():
         model.named_parameters(),
         topo,
         mode="hybrid",
-        compensation=Compensation(lookahead=True),
+        compensation=Compensation(lookahead=True, lookahead_horizon=horizon),
         overlap=True,
     )
     ref_opt = make_opt("sgd", ref)  # the servers' weights and momentum
@@ -325,7 +326,10 @@ def test_lookahead_replies_match_a_replay_of_the_server():
         for r, q in zip(ref.parameters(), probe.parameters(), strict=True):
             r.grad = q.grad.clone()
         ref_opt.step()
-        c = lookahead_factor(0.9, tau) if tau > 0 else 0.0
+        # the default horizon is the number of groups (1); 0.5 stops the
+        # prediction once the running staleness passes it (from step 2)
+        limit = 1.0 if horizon is None else horizon
+        c = lookahead_factor(0.9, tau) if 0 < tau <= limit else 0.0
         pending = [
             r.detach() - 0.1 * c * ref_opt.state[r]["momentum_buffer"]
             for r in ref.parameters()
@@ -340,7 +344,9 @@ def test_lookahead_replies_match_a_replay_of_the_server():
     true = torch.cat([r.detach().reshape(-1) for r in ref.parameters()])
     if rank == 0:
         torch.testing.assert_close(opt.pull_weights(), true, rtol=1e-10, atol=1e-12)
-        assert not torch.allclose(true, torch.cat([w.reshape(-1) for w in pending]))
+        last_reply = torch.cat([w.reshape(-1) for w in pending])
+        # the last answer to a push was a prediction unless past the horizon
+        assert torch.allclose(true, last_reply) == (horizon is not None)
     opt.finish()
     if rank == 0:
         final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

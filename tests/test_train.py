@@ -65,7 +65,7 @@ def test_every_config_field_has_a_command_line_flag():
 
     argv = ["train", "--data", "x.h5", "--mode", "async"]
     cfg = config_from_args(build_parser().parse_args(argv))
-    assert cfg.lookahead and cfg.lookahead_horizon == 4.0
+    assert cfg.lookahead and cfg.lookahead_horizon is None
     argv += ["--no-lookahead", "--lookahead-horizon", "2.5"]
     cfg = config_from_args(build_parser().parse_args(argv))
     assert not cfg.lookahead and cfg.lookahead_horizon == 2.5

@@ -32,11 +32,14 @@ running mean of the group's measured staleness and ``lr_g`` the rate of the
 group's own undamped updates. The group then computes its next gradient
 close to where it will be applied, which is the idea of DANA (Hakimi et al.,
 2019). Only groups whose running staleness is at most ``lookahead_horizon``
-(default 4 updates) get a prediction: over a longer gap the gradients of
-the other groups, not the decaying momentum, decide where the weights go,
-and on the digits benchmark predicting that far for the slow workers made
-training slower (bench/RESULTS.md). Validation pulls and the final weights
-are the true weights.
+get a prediction; by default that is the number of groups ``G``, one update
+more than the ``G - 1`` every group sees when all run at one speed. A group
+much slower than the rest lands its gradient after many fresh ones from the
+others, which the decaying momentum does not foresee: on the digits
+benchmark predicting that far (4 and more updates for a slow group of two,
+15 for a slow worker of four) made training slower than no prediction
+(bench/RESULTS.md). Validation pulls and the final weights are the true
+weights.
 """
 
 from __future__ import annotations
@@ -98,14 +101,15 @@ class Compensation:
         lookahead: Answer pushes with the weights expected when the group's
             next gradient lands (see the module docstring).
         lookahead_horizon: Largest running staleness (in updates) a group
-            may have and still get a lookahead.
+            may have and still get a lookahead (``None``: the number of
+            groups).
     """
 
     reference_batch: float | None = None
     warmup_updates: int = 0
     staleness: str = "inverse"
     lookahead: bool = False
-    lookahead_horizon: float = 4.0
+    lookahead_horizon: float | None = None
 
     def __post_init__(self) -> None:
         if self.reference_batch is not None and not self.reference_batch > 0:
@@ -114,7 +118,7 @@ class Compensation:
             )
         if self.warmup_updates < 0:
             raise ValueError(f"warmup_updates must be >= 0, got {self.warmup_updates}")
-        if not self.lookahead_horizon >= 0:
+        if self.lookahead_horizon is not None and not self.lookahead_horizon >= 0:
             raise ValueError(
                 f"lookahead_horizon must be >= 0, got {self.lookahead_horizon}"
             )

@@ -218,6 +218,8 @@ class _Server:
         self.shard = _Shard(spec)
         self.comp: Compensation = spec["compensation"]
         self.lookahead = self.comp.lookahead
+        horizon = self.comp.lookahead_horizon
+        self.horizon = float(self.G) if horizon is None else horizon
         # running mean of each group's staleness, and the undamped rates of
         # its updates: what the lookahead of a reply to it is computed from
         self.tau = [float(self.G - 1)] * self.G
@@ -334,9 +336,7 @@ class _Server:
     def _predicting(self, g: int) -> bool:
         tau = self.tau[g]
         return (
-            self.lookahead
-            and self.pred_lrs[g] is not None
-            and 0 < tau <= self.comp.lookahead_horizon
+            self.lookahead and self.pred_lrs[g] is not None and 0 < tau <= self.horizon
         )
 
     def _reply_from(

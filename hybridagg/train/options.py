@@ -44,7 +44,7 @@ class TrainConfig:
     warmup_updates: int = 0
     damping: str = "inverse"
     lookahead: bool = True
-    lookahead_horizon: float = 4.0
+    lookahead_horizon: float | None = None
     staleness_bound: int | None = None
     overlap: bool = False
     allreduce_backend: str = "auto"
@@ -111,7 +111,7 @@ class TrainConfig:
             if value is not None and value < low:
                 flag = name.replace("_", "-")
                 raise ValueError(f"--{flag} must be >= {low}, got {value}")
-        if not self.lookahead_horizon >= 0:
+        if self.lookahead_horizon is not None and not self.lookahead_horizon >= 0:
             raise ValueError(
                 f"--lookahead-horizon must be >= 0, got {self.lookahead_horizon}"
             )
@@ -252,9 +252,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lookahead-horizon",
         type=float,
-        default=4.0,
         help="groups whose mean staleness exceeds this many updates get the "
-        "current weights (default 4)",
+        "current weights (default: the number of groups)",
     )
     g.add_argument(
         "--staleness-bound",
