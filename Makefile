@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # site's MPI instead: see README "Running on a cluster".
 EXTRAS ?= mpi,test
 STAMP := $(VENV)/.installed-$(EXTRAS)
-SHELL_SCRIPTS := launch/hybridagg-run $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh) .ci/run
+SHELL_SCRIPTS := launch/hybridagg-run $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh bench/*.sh) .ci/run
 PYTEST_ARGS ?=
 
 HOROVOD_VERSION ?= 0.28.1
