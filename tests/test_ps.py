@@ -190,7 +190,15 @@ def test_hybrid_with_one_group_reproduces_sync(mpi_ranks, kind, servers):
 
 
 def least_squares_run(
-    mode, groups, servers, slowdown, steps=60, bound=None, overlap=False
+    mode,
+    groups,
+    servers,
+    slowdown,
+    steps=60,
+    bound=None,
+    overlap=False,
+    momentum=0.0,
+    lookahead=False,
 ):
     """Train w on y = X w* (+ noise-free); returns (distance to w*, info)."""
     import hybridagg
@@ -206,16 +214,18 @@ def least_squares_run(
     model = torch.nn.Linear(8, 1, bias=False).double()
     torch.nn.init.zeros_(model.weight)
     opt = hybridagg.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05),
+        torch.optim.SGD(
+            model.parameters(), lr=0.05 * (1 - momentum), momentum=momentum
+        ),
         model.named_parameters(),
         topo,
         mode=mode,
-        compensation=hybridagg.Compensation(reference_batch=16),
+        compensation=hybridagg.Compensation(reference_batch=16, lookahead=lookahead),
         staleness_bound=bound,
         overlap=overlap,
     )
     rng = torch.Generator().manual_seed(100 + topo.rank)
-    stale = []
+    stale, gaps = [], []
     for _ in range(steps):
         idx = torch.randint(0, 512, (16,), generator=rng)
         opt.set_samples(16)
@@ -224,9 +234,14 @@ def least_squares_run(
         time.sleep(0.002 * slowdown.get(topo.rank, 1.0))
         opt.step()
         stale.append(opt.last_staleness)
+        if lookahead and topo.is_leader:
+            # the model holds the servers' answer; a pull, the true weights
+            gaps.append(
+                float((model.weight.detach().reshape(-1) - opt.pull_weights()).norm())
+            )
     opt.finish()
     dist = float((model.weight.detach().T - w_star).norm() / w_star.norm())
-    return dist, {"stale": stale, "updates": opt.updates, "topo": topo}
+    return dist, {"stale": stale, "updates": opt.updates, "topo": topo, "gaps": gaps}
 
 
 @pytest.mark.mpi(ranks=[3, 4, 5], timeout=240)
@@ -244,6 +259,22 @@ def test_convergence_to_the_known_optimum(mpi_ranks, mode):
     dist, info = least_squares_run(mode, groups, servers, slow)
     if dist is not None and info["topo"].rank == 0:
         # rank 0 holds the servers' final weights after finish()
+        assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
+
+
+@pytest.mark.mpi(ranks=[3, 4], timeout=240)
+def test_lookahead_with_several_groups_predicts_and_converges(mpi_ranks):
+    """Async with momentum: each worker is a group; answers to its pushes are
+    predictions (not the servers' weights), and training still converges."""
+    servers = 2 if mpi_ranks == 4 else 1
+    dist, info = least_squares_run(
+        "async", "each", servers, {0: 2.0}, steps=80, momentum=0.9, lookahead=True
+    )
+    if dist is None:
+        return
+    # both workers see staleness of about 1, within the default horizon (2)
+    assert sum(g > 1e-9 for g in info["gaps"]) > len(info["gaps"]) // 2, info["gaps"]
+    if info["topo"].rank == 0:
         assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
 
 

@@ -220,6 +220,9 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert s["time_to_target_s"] is not None and s["time_to_target_s"] <= s["wall_s"]
     assert s["epochs"] == 6 and s["samples"] > 0
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
+    # the record says how stale updates were treated (the CLI's defaults)
+    assert s["lookahead"] == (s["mode"] != "sync"), s
+    assert s["damping"] == (None if s["mode"] == "sync" else "inverse"), s
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in recs if r["event"] == "step"]
     workers = s["workers"]

@@ -258,7 +258,7 @@ class _Server:
             self.ps.mpi.Irecv(self.headers[g], g, P.HDR) for g in range(self.G)
         ]
         self.reply_h = [np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(self.G)]
-        # With one group, replies are sent from the shard itself (no copy);
+        # With one group and no lookahead, replies are sent from the shard itself (no copy);
         # before the shard changes, the reply in flight is completed (the
         # leader posted its receives before pushing, so this is quick). With
         # several, each group's reply is sent from a copy of its own: a

@@ -436,6 +436,9 @@ class WorkerRole:
             else 0.0,
             "slowdown": cfg.slowdown,
             "sample_ms": cfg.sample_ms,
+            "damping": cfg.damping if cfg.mode != "sync" else None,
+            "lookahead": cfg.lookahead and cfg.mode != "sync",
+            "lookahead_horizon": cfg.lookahead_horizon,
             "seed": cfg.seed,
             "resumed_from": str(self.resume) if self.resume else None,
         }
