@@ -149,7 +149,7 @@ class _Shard:
     def predict(
         self, part: int, out: torch.Tensor, lrs: list[float], staleness: float
     ) -> None:
-        """Move ``out`` (part ``part``'s weights) along the momentum of ``staleness`` updates."""
+        """Move ``out``, part ``part``'s weights, along ``staleness`` updates of momentum."""
         entry = self.optimizers[part]
         if entry is None or self.skip_update:
             return
@@ -258,10 +258,10 @@ class _Server:
             self.ps.mpi.Irecv(self.headers[g], g, P.HDR) for g in range(self.G)
         ]
         self.reply_h = [np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(self.G)]
-        # With one group and no lookahead, replies are sent from the shard itself (no copy);
-        # before the shard changes, the reply in flight is completed (the
-        # leader posted its receives before pushing, so this is quick). With
-        # several, each group's reply is sent from a copy of its own: a
+        # With one group and no lookahead, replies are sent from the shard
+        # itself (no copy); before the shard changes, the reply in flight is
+        # completed (the leader posted its receives before pushing, so this
+        # is quick). With several, each group's reply is sent from a copy of its own: a
         # large reply completes only inside the receiving leader's MPI calls,
         # and a leader that overlaps its exchange with compute makes none for
         # a whole step, so waiting for it would pace every other group to it.
