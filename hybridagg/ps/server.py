@@ -261,10 +261,11 @@ class _Server:
         # With one group and no lookahead, replies are sent from the shard
         # itself (no copy); before the shard changes, the reply in flight is
         # completed (the leader posted its receives before pushing, so this
-        # is quick). With several, each group's reply is sent from a copy of its own: a
-        # large reply completes only inside the receiving leader's MPI calls,
-        # and a leader that overlaps its exchange with compute makes none for
-        # a whole step, so waiting for it would pace every other group to it.
+        # is quick). With several, each group's reply is sent from a copy of
+        # its own: a large reply completes only inside the receiving leader's
+        # MPI calls, and a leader that overlaps its exchange with compute
+        # makes none for a whole step, so waiting for it would pace every
+        # other group to it.
         self.sends: list[list[MPI.Request]] = [[] for _ in range(self.G)]
         self.copies: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [
             None
