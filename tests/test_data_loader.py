@@ -42,12 +42,17 @@ def check_driver(loader):
 
 def run_epoch(loader, sleep=0.0):
     ids, steps = [], 0
+    static = loader.shares == "static"
+    total = len(loader) if static else None
     for x, y in loader:
         assert torch.equal(y, x[:, 0].long() % loader.num_classes)
         ids += x[:, 0].long().tolist()
         steps += 1
+        # static shares count down to 0 at the epoch's last batch
+        assert loader.batches_left == (total - steps if static else None)
         if sleep:
             time.sleep(sleep)
+    assert loader.batches_left is None  # between epochs
     return ids, steps
 
 
@@ -129,7 +134,7 @@ def test_batch_sizes_change_mid_epoch_and_every_sample_is_still_read_once(
     n = comm.size
     with HDF5Loader(path, batch_size=8, comm=comm, seed=5, window_blocks=2) as ld:
         check_driver(ld)
-        ids, steps = [], 0
+        ids, steps, lefts = [], 0, []
         for x, _ in ld:
             ids += x[:, 0].long().tolist()
             steps += 1
@@ -138,9 +143,14 @@ def test_batch_sizes_change_mid_epoch_and_every_sample_is_still_read_once(
                 ld.set_batch_sizes([8 + 8 * n] + [4] * (n - 1))
             if steps > 3:
                 assert len(x) <= ld.batch_size
-        views = comm.allgather_obj((ids, steps))
-        assert sorted(i for v, _ in views for i in v) == list(range(1000))
-        assert len({s for _, s in views}) == 1
+            lefts.append(ld.batches_left)
+        views = comm.allgather_obj((ids, steps, lefts))
+        assert sorted(i for v, _, _ in views for i in v) == list(range(1000))
+        assert len({s for _, s, _ in views}) == 1
+        # after the re-cut, every worker still counts down to 0 at the last
+        # batch, alike on every worker (the epoch ends everywhere at once)
+        assert lefts[-1] == 0 and min(lefts[:-1]) > 0
+        assert all(v[2] == lefts for v in views)
         assert len(views[0][0]) > len(views[1][0])
         with pytest.raises(ValueError, match="different lists"):
             ld.set_batch_sizes([1 + comm.rank] * n)

@@ -229,24 +229,35 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert {r["rank"] for r in steps} == set(range(workers))
     # every training sample is seen once per epoch, summed over the workers
     assert sum(r["batch"] for r in steps) == s["samples"] == 6 * 1438
+    if s["mode"] == "sync":
+        # static shares end every epoch at its last batch, with no empty
+        # update after it: 1438 samples of 3 x 32 take 15 updates per epoch
+        totals = {}
+        for r in steps:
+            totals[r["step"]] = totals.get(r["step"], 0) + r["batch"]
+        assert sorted(totals) == list(range(1, 6 * 15 + 1))
+        assert min(totals.values()) > 0, totals
     assert any(r["event"] == "eval" and r.get("final") for r in recs)
 
 
+@pytest.mark.parametrize("steps,every", [(30, 10), (45, 30)])
 def test_kill_during_a_checkpoint_then_resume_matches_an_uninterrupted_run(
-    digits, tmp_path
+    digits, tmp_path, steps, every
 ):
+    # (45, 30): 3 workers x 16 take 30 updates per epoch, so checkpoint 1 is
+    # the last update of epoch 0, and the resumed run starts at its end
     args = [
         "--data",
         digits,
         "--steps",
-        "30",
+        str(steps),
         "--batch-size",
         "16",
         "--no-progress",
         "--lr",
         "0.05",
         "--checkpoint-every",
-        "10",
+        str(every),
     ]
     whole = run_train(3, [*args, "--checkpoint", str(tmp_path / "a")])
     assert whole.returncode == 0, output(whole)[-2000:]
@@ -258,12 +269,12 @@ def test_kill_during_a_checkpoint_then_resume_matches_an_uninterrupted_run(
     assert crashed.returncode != 0
     # the checkpoint before the crash is whole and the one being written is not published
     assert latest_checkpoint(tmp_path / "b").name == "ckpt-000001"
-    assert load_part(latest_checkpoint(tmp_path / "b"), 0)["updates"] == 10
+    assert load_part(latest_checkpoint(tmp_path / "b"), 0)["updates"] == every
     resumed = run_train(3, [*args, "--checkpoint", str(tmp_path / "b"), "--resume"])
     assert resumed.returncode == 0, output(resumed)[-2000:]
     a = load_part(latest_checkpoint(tmp_path / "a"), 0)
     b = load_part(latest_checkpoint(tmp_path / "b"), 0)
-    assert a["updates"] == b["updates"] == 30
+    assert a["updates"] == b["updates"] == steps
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
 

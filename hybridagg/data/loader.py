@@ -428,6 +428,19 @@ class HDF5Loader:
         )[1]
 
     @property
+    def batches_left(self) -> int | None:
+        """Batches this worker still gets in the epoch being iterated.
+
+        Static shares: exact, and the same on every worker (they all take
+        the same number of steps), so 0 after a batch means the epoch is
+        over everywhere. ``None`` for dynamic shares (other workers may
+        still take chunks) and outside an iteration.
+        """
+        if self.shares != "static" or not self._active:
+            return None
+        return int(self._steps_left - self._steps_done)
+
+    @property
     def windows_per_epoch(self) -> int:
         """Chunks (windows) of one epoch."""
         return EpochPlan(

@@ -213,7 +213,9 @@ class WorkerRole:
                 loss_value = float(loss.detach())
             compute = time.perf_counter() - t0
             slept = pacer.pace(n, compute)
-            opt.share([float(self.stop.is_set()), compute + slept, float(n), 0.0])
+            left = loader.batches_left  # None: unknown (dynamic shares)
+            more = 0.0 if left == 0 else 1.0
+            opt.share([float(self.stop.is_set()), compute + slept, float(n), more])
             t1 = time.perf_counter()
             opt.step()
             comm_s = time.perf_counter() - t1
@@ -259,8 +261,7 @@ class WorkerRole:
             if self.rank == 0:
                 self._maybe_evaluate()
             if total == 0:  # every worker in the reduction ran out: epoch over
-                self.epochs_done += 1
-                if cfg.max_epochs is not None and self.epochs_done >= cfg.max_epochs:
+                if self._end_epoch():
                     break
                 batches, exhausted = iter(loader), False
                 continue
@@ -270,9 +271,24 @@ class WorkerRole:
                     break  # every worker saw it at this update (and checkpointed)
                 if self.topo.is_leader:
                     opt.request_stop()  # the servers stop every group after a checkpoint
+            if opt.shared[:, 3].max() == 0:
+                # Static shares: every worker took its last batch of the epoch
+                # in this update, so the epoch ends here, without a round of
+                # an empty update to find out (a whole gradient all-reduce).
+                if next(batches, None) is not None:
+                    raise RuntimeError("the loader gave a batch after its last one")
+                if self._end_epoch():
+                    break
+                batches, exhausted = iter(loader), False
         if bar is not None:
             bar.close()
         batches = None
+
+    def _end_epoch(self) -> bool:
+        """Count an epoch that every worker finished; whether training ends with it."""
+        self.epochs_done += 1
+        cfg = self.cfg
+        return cfg.max_epochs is not None and self.epochs_done >= cfg.max_epochs
 
     # --- validation --------------------------------------------------------------
     def _maybe_evaluate(self, final: bool = False) -> None:
