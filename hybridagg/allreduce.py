@@ -29,7 +29,10 @@ exactly the gradient of the union batch. The counts travel in a small
 control all-reduce that also carries misuse flags and which parameters got
 a gradient anywhere, so a misuse on one rank is reported on every rank. A
 small last bucket (at most 128 KiB, the only one of a small model) travels
-inside that control all-reduce instead of a collective of its own. A
+inside that control all-reduce instead of a collective of its own, or, when
+the group shares a node, is staged with the control vector in shared memory
+where every rank reduces all of it (:class:`hybridagg.shm.SharedStaging`:
+one flag wait, no message). A
 deferred last bucket below ``HYBRIDAGG_SETTLED_MAX_BYTES`` works the other
 way round: it keeps raw gradients and the control vector becomes part of
 its reduction, which merges them as a mean weighted by the counts it
@@ -65,7 +68,7 @@ from mpi4py import MPI
 
 from .comm import Comm, alloc, poll, ring_min_bytes, settled_max_bytes
 from .ring import mean_allreduce
-from .shm import SharedBucket, shared_memory_usable
+from .shm import SharedBucket, SharedStaging, shared_memory_usable
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -386,13 +389,24 @@ class GradientReducer:
         # A deferred last bucket reduced with the control vector (_mean_last)
         # lives in shared memory when the group shares a node, and is reduced
         # there (hybridagg.shm), without MPI messages
-        self._shared: SharedBucket | None = None
+        self._shared: SharedBucket | SharedStaging | None = None
         # (collective over the group, and the same answer on every rank)
         if self._mean_last and shared_memory_usable(transport.comm, last.nbytes):
             self._shared = SharedBucket(
                 transport.comm, last.flat.numel(), last.flat.dtype
             )
             last.flat = self._shared.flat
+        # ...and a small one that would ride in the control all-reduce is
+        # instead staged in shared memory with the control vector, where every
+        # rank reduces all of it itself: one synchronisation, no message
+        header = 1 + control.size * (1 + SHARE_SLOTS) + len(self.params)
+        if self._fuse_last and shared_memory_usable(
+            transport.comm, 2 * (last.nbytes + 8 * header)
+        ):
+            self._fuse_last = False
+            self._defer_last = self._mean_last = True
+            self._raw = set(last.params)
+            self._shared = SharedStaging(transport.comm, last.flat, header)
         self._views = []
         for i, p in enumerate(self.params):
             b, slot = self._where[i]
@@ -663,6 +677,9 @@ class GradientReducer:
         self.remove_hooks()
         shared, self._shared = self._shared, None
         if shared is None:
+            return
+        if isinstance(shared, SharedStaging):  # the bucket is private memory
+            shared.free(self.control.timeout)
             return
         last = self.buckets[-1]
         last.flat = alloc(last.flat.numel(), last.flat.dtype, zero=False)

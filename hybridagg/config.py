@@ -107,7 +107,9 @@ _DECLARED = [
         "1: when every rank of a flat reduction shares a node, the last "
         "gradient bucket (below HYBRIDAGG_SETTLED_MAX_BYTES) lives in an MPI "
         "shared-memory window and is reduced with loads and stores "
-        "(hybridagg.shm), without messages; 0: always through MPI messages. "
+        "(hybridagg.shm), without messages, and a small one (at most 128 KiB) "
+        "is staged there with the step's control vector and reduced by every "
+        "rank after one flag wait; 0: always through MPI messages. "
         "Used only when every rank of the group says 1 and /dev/shm has room "
         "for twice the window.",
     ),

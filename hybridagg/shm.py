@@ -16,6 +16,9 @@ so each rank reads its peers' gradients where they are:
 4. A second barrier, so that no rank changes its bucket (the next backward,
    gradient clipping) while a peer still copies from it.
 
+Small buckets take :class:`SharedStaging` instead: one synchronisation per
+step, each rank reducing the whole bucket from copies in shared memory.
+
 Per rank and 2 ranks this moves 40% less memory than a ring through MPI
 (no scratch copy); measured on the 2-core test machine at 16 MiB, in
 isolation: 1.7-2.1 ms, against 2.9-3.6 ms for ``MPI_Allreduce``. Every
@@ -34,7 +37,7 @@ from mpi4py import MPI
 from . import config
 from .comm import Comm
 
-__all__ = ["SharedBucket", "shared_memory_usable"]
+__all__ = ["SharedBucket", "SharedStaging", "shared_memory_usable"]
 
 # where Open MPI and MPICH back shared-memory windows on Linux
 _SHM_DIR = "/dev/shm"
@@ -210,4 +213,131 @@ class SharedBucket:
         """
         self._barrier("shared bucket release", timeout)
         self.views, self.flat = [], None
+        self.win.Free()
+
+
+class SharedStaging:
+    """A small bucket's weighted mean, computed whole by every rank from shared copies.
+
+    For buckets of a few hundred KiB the cost of :class:`SharedBucket` is its
+    three synchronisations, each a round of latency on a loaded node: most
+    of a small model's step (measured with the 4x headline job on 2 cores:
+    the step's all-reduce ended up to 1.5 ms apart on different ranks, and
+    a rank that finishes late starts its next step late). Here each rank
+    copies its raw bucket and header into its slot of a shared window and
+    raises its flag, waits until every flag is raised (the only
+    synchronisation), and sums all the slots itself, in rank order, so every
+    rank holds bitwise the same result. Slots alternate between two copies
+    by the parity of the step: a rank rewrites a copy only two steps later,
+    after every peer has raised its flag for the step in between, which it
+    does only after it has finished reading.
+
+    Construction is collective over ``comm``, whose ranks must share a node
+    (:func:`shared_memory_usable`). :meth:`free` (collective) releases the
+    window.
+
+    Args:
+        comm: The group's communicator.
+        flat: The bucket, a private float CPU tensor (it stays where it is).
+        header_len: Entries of the float64 header :meth:`reduce` takes.
+    """
+
+    def __init__(self, comm: Comm, flat: torch.Tensor, header_len: int) -> None:
+        self.comm, self.flat, self.m = comm, flat, header_len
+        np_dtype = flat.numpy().dtype
+        numel, itemsize = flat.numel(), np_dtype.itemsize
+        data_bytes = -(-numel * itemsize // 8) * 8  # 8-byte aligned slots
+        self._slot = 8 * header_len + data_bytes
+        size = 8 + 2 * self._slot
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        try:
+            self.win = MPI.Win.Allocate_shared(size, 1, info=info, comm=comm.mpi)
+        finally:
+            info.Free()
+        self.flags, self.heads, self.data = [], [], []
+        for r in range(comm.size):
+            mem, _ = self.win.Shared_query(r)
+            raw = np.frombuffer(mem, dtype=np.uint8, count=size)
+            self.flags.append(raw[:8].view(np.int64))
+            heads, data = [], []
+            for copy in range(2):
+                at = 8 + copy * self._slot
+                heads.append(raw[at : at + 8 * header_len].view(np.float64))
+                body = raw[at + 8 * header_len : at + 8 * header_len + numel * itemsize]
+                data.append(torch.from_numpy(body.view(np_dtype)))
+            self.heads.append(heads)
+            self.data.append(data)
+        self.steps = 0
+        self.flags[comm.rank][0] = 0
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.win.Sync()
+        # nobody may read a flag before its owner has zeroed it
+        comm.wait_for(comm.mpi.Ibarrier().Test, "shared staging set-up")
+
+    def _all_raised(self, step: int) -> bool:
+        self.win.Sync()  # see the peers' stores
+        return all(int(f[0]) >= step for f in self.flags)
+
+    def reduce(
+        self,
+        header: np.ndarray,
+        *,
+        what: str = "shared-memory reduction",
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """Replace every rank's bucket by the weighted mean; sum the headers.
+
+        The contract of :meth:`SharedBucket.reduce`: rank ``i`` weighs
+        ``header_i[0]`` (a rank with weight 0 must hold zeros; if every
+        weight is 0 the zeros stay), and the result is the sum of the headers,
+        added up in rank order. Collective over the communicator.
+
+        Args:
+            header: A 1-D float64 array of ``header_len`` entries whose first
+                is the rank's weight.
+            what: Names the operation in a timeout.
+            timeout: Seconds the wait for the peers may take (default: the
+                communicator's).
+
+        Returns:
+            The element-wise sum of every rank's header (a new array).
+
+        Raises:
+            ValueError: The header has the wrong length.
+        """
+        if len(header) != self.m:
+            raise ValueError(f"header has {len(header)} entries, expected {self.m}")
+        n, r = self.comm.size, self.comm.rank
+        step = self.steps + 1
+        copy = step % 2
+        self.heads[r][copy][:] = header
+        self.data[r][copy].copy_(self.flat)
+        self.win.Sync()  # the slot before the flag
+        self.flags[r][0] = step
+        self.win.Sync()
+        self.comm.wait_for(lambda: self._all_raised(step), f"{what}: arrival", timeout)
+        self.steps = step
+        out = self.heads[0][copy].copy()
+        for j in range(1, n):
+            out += self.heads[j][copy]
+        weights = [float(self.heads[j][copy][0]) for j in range(n)]
+        total = float(out[0])  # (summed in rank order, as the weights are)
+        if total > 0:
+            torch.mul(self.data[0][copy], weights[0] / total, out=self.flat)
+            for j in range(1, n):
+                self.flat.add_(self.data[j][copy], alpha=weights[j] / total)
+        return out
+
+    def free(self, timeout: float | None = None) -> None:
+        """Release the window (collective); the bucket itself stays usable.
+
+        A polled barrier comes first, so a rank that never calls gives a
+        timeout instead of a hang inside ``MPI_Win_free``.
+        """
+        self.comm.wait_for(
+            self.comm.mpi.Ibarrier().Test, "shared staging release", timeout
+        )
+        self.win.Unlock_all()
+        self.flags, self.heads, self.data = [], [], []
         self.win.Free()

@@ -83,17 +83,24 @@ def run_against_reference(groups, kind, backend="mpi", steps=5, clip=None, sched
 @pytest.mark.mpi(ranks=RANKS, timeout=180)
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 @pytest.mark.parametrize(
-    "layout", ["flat", "flat-shm", "flat-ring", "flat-deferred", "hierarchical"]
+    "layout",
+    ["flat", "flat-fused", "flat-shm", "flat-ring", "flat-deferred", "hierarchical"],
 )
 def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypatch):
-    # flat-*: every bucket counts as large (the pipelined ring), and the last
+    from hybridagg.shm import SharedBucket, SharedStaging
+
+    # flat: the small model's one bucket is staged in shared memory with the
+    # control vector and every rank reduces all of it; flat-fused: without
+    # shared memory it rides in the control all-reduce. The other flat-*:
+    # every bucket counts as large (the pipelined ring), and the last
     # bucket is deferred to synchronize(), where it is reduced with the control
     # vector as a count-weighted mean in shared memory (flat-shm) or by
     # messages (flat-ring), or, above the settled size, after the control
     # all-reduce by the pipelined ring (flat-deferred)
-    if layout.startswith("flat-"):
+    large = layout in ("flat-shm", "flat-ring", "flat-deferred")
+    if large:
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
-    if layout == "flat-ring":
+    if layout in ("flat-ring", "flat-fused"):
         monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
     if layout == "flat-deferred":
         monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "1")
@@ -101,9 +108,14 @@ def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypat
     opt = run_against_reference(groups, kind)
     many = mpi_ranks > 1
     reducer = opt.reducer
-    assert reducer._defer_last == (layout.startswith("flat-") and many)
-    assert reducer._mean_last == (layout in ("flat-shm", "flat-ring") and many)
-    assert (reducer._shared is not None) == (layout == "flat-shm" and many)
+    staged = layout == "flat" and many
+    assert reducer._defer_last == ((large and many) or staged)
+    assert reducer._mean_last == (
+        (layout in ("flat-shm", "flat-ring") and many) or staged
+    )
+    assert reducer._fuse_last == (layout == "flat-fused" and many)
+    assert isinstance(reducer._shared, SharedBucket) == (layout == "flat-shm" and many)
+    assert isinstance(reducer._shared, SharedStaging) == staged
     # finish() releases the shared memory; the gradients keep their values
     grads = [None if p.grad is None else p.grad.clone() for p in reducer.params]
     opt.finish()
@@ -138,22 +150,27 @@ def test_bucket_thresholds_that_differ_between_ranks_are_an_error_everywhere(
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
 @pytest.mark.parametrize("dissent", ["env", "room"])
+@pytest.mark.parametrize("bucket", ["large", "small"])
 def test_shared_memory_is_used_only_when_every_rank_agrees(
-    mpi_ranks, dissent, monkeypatch
+    mpi_ranks, dissent, bucket, monkeypatch
 ):
     """One rank that turns shared memory off, or lacks room, turns it off for all."""
     from mpi4py import MPI
 
     import hybridagg.shm
 
-    monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    if bucket == "large":
+        monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
     if MPI.COMM_WORLD.Get_rank() == mpi_ranks - 1:
         if dissent == "env":
             monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
         else:
             monkeypatch.setattr(hybridagg.shm, "_room_for", lambda nbytes: False)
-    opt = run_against_reference("world", "sgd", steps=3)  # the ring path works
-    assert opt.reducer._mean_last and opt.reducer._shared is None
+    opt = run_against_reference("world", "sgd", steps=3)  # the MPI paths work
+    assert opt.reducer._shared is None
+    # large: the ring with the control vector; small: in the control all-reduce
+    assert opt.reducer._mean_last == (bucket == "large")
+    assert opt.reducer._fuse_last == (bucket == "small")
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
@@ -214,21 +231,23 @@ def test_first_bucket_overlaps_backward():
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-@pytest.mark.parametrize("last_bucket", ["fused", "shm", "ring"])
+@pytest.mark.parametrize("last_bucket", ["fused", "staged", "shm", "ring"])
 def test_misuse_is_an_error_on_every_rank(mpi_ranks, last_bucket, monkeypatch):
     import hybridagg
     from hybridagg.allreduce import MisuseError
 
-    if last_bucket != "fused":  # reduced with the control vector: the flags too
+    # the flags travel with the last bucket in every case
+    if last_bucket in ("shm", "ring"):  # large: reduced after the control vector
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
-        monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", str(int(last_bucket == "shm")))
+    shm = last_bucket in ("shm", "staged")
+    monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", str(int(shm)))
     topo = hybridagg.init()
     model = mlp()
     opt = hybridagg.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), topo
     )
     assert opt.reducer._fuse_last == (last_bucket == "fused")
-    assert (opt.reducer._shared is not None) == (last_bucket == "shm")
+    assert (opt.reducer._shared is not None) == shm
     x, y = (
         torch.randn(4, 6, dtype=torch.float64),
         torch.randn(4, 3, dtype=torch.float64),

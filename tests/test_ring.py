@@ -117,23 +117,27 @@ def test_settled_allreduce_equals_the_sum_on_every_rank(mpi_ranks):
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
-@pytest.mark.parametrize("impl", ["ring", "shm"])
+@pytest.mark.parametrize("impl", ["ring", "shm", "staged"])
 def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
-    """ring.mean_allreduce and shm.SharedBucket.reduce: one contract."""
+    """ring.mean_allreduce, shm.SharedBucket.reduce, shm.SharedStaging.reduce: one contract."""
     import time
 
     from hybridagg.comm import Comm
     from hybridagg.ring import mean_allreduce
-    from hybridagg.shm import SharedBucket, shared_memory_usable
+    from hybridagg.shm import SharedBucket, SharedStaging, shared_memory_usable
 
     comm = Comm(name="mean-test")
     n, r = comm.size, comm.rank
-    if impl == "shm" and n > 1 and not shared_memory_usable(comm, 8 * 1001):
+    shm = impl != "ring"
+    if shm and n > 1 and not shared_memory_usable(comm, 8 * 1001):
         comm.free()
         pytest.skip("no shared memory for the window here")
-    dtype = torch.float32 if impl == "shm" else torch.float64
-    sizes = [0, 1, 2, 7, 1001] if impl == "shm" else []
-    shared = {k: SharedBucket(comm, k, dtype) for k in sizes}
+    dtype = torch.float32 if shm else torch.float64
+    sizes = [0, 1, 2, 7, 1001] if shm else []
+    if impl == "staged":
+        shared = {k: SharedStaging(comm, torch.zeros(k, dtype=dtype), 7) for k in sizes}
+    else:
+        shared = {k: SharedBucket(comm, k, dtype) for k in sizes}
     cases = [
         [1.0] * n,
         [float(i) for i in range(n)],  # rank 0 weighs 0
@@ -145,7 +149,7 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
             g = torch.Generator().manual_seed(numel)
             data = torch.randn(n, numel, generator=g, dtype=torch.float64)
             data[torch.tensor(counts) == 0] = 0.0  # as the reducer hands it over
-            if impl == "shm":
+            if shm:
                 buf = shared[numel].flat
                 buf.copy_(data[r])
             else:
@@ -154,7 +158,7 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
             header[2 + r] = 2.5 * r  # a slot only this rank sets
             if c == 1 and r == n - 1:
                 time.sleep(0.2)  # a late rank: the others wait for it (polled)
-            if impl == "shm":
+            if shm:
                 total = shared[numel].reduce(header, what="mean test")
             else:
                 total = mean_allreduce(comm, buf, header, what="mean test")
@@ -170,5 +174,57 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
             assert all(e == everyone[0] for e in everyone)
     for bucket in shared.values():
         bucket.free()
-        assert bucket.flat is None
+        # a staged bucket is the caller's memory and stays; a window's goes
+        assert (bucket.flat is None) == (impl == "shm")
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=[2, 3, 5], timeout=120)
+def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
+    """No barrier between reductions: the others run ahead into the next one.
+
+    The last rank reads its peers' copies 20 ms after their flags are up in
+    every other reduction; meanwhile the others finish and stage the next
+    reduction's gradients. They must land in the other copy, or the late
+    reader would sum the wrong step.
+    """
+    import time
+
+    from hybridagg.comm import Comm
+    from hybridagg.shm import SharedStaging, shared_memory_usable
+
+    comm = Comm(name="staged-test")
+    n, r = comm.size, comm.rank
+    if not shared_memory_usable(comm, 8 * 4096):
+        comm.free()
+        pytest.skip("no shared memory for the window here")
+    flat = torch.zeros(1001, dtype=torch.float64)
+    staging = SharedStaging(comm, flat, 2)
+    if r == n - 1:
+        raised = staging._all_raised
+
+        def late_reader(step):
+            ready = raised(step)
+            if ready and step % 2:
+                time.sleep(0.02)
+            return ready
+
+        staging._all_raised = late_reader
+    results = []
+    for step in range(12):
+        data = torch.randn(n, 1001, generator=torch.Generator().manual_seed(step))
+        data = data.double()
+        counts = [float((step + j) % 3 + 1) for j in range(n)]
+        flat.copy_(data[r])
+        total = staging.reduce(np.array([counts[r], float(step)]), what="staged")
+        w = torch.tensor(counts, dtype=torch.float64)[:, None]
+        torch.testing.assert_close(flat, (w * data).sum(0) / w.sum())
+        assert total.tolist() == [sum(counts), float(step * n)]
+        results.append(flat.numpy().tobytes())
+    everyone = comm.allgather_obj(results)
+    assert all(e == everyone[0] for e in everyone)  # bitwise, every step
+    staging.free()
+    assert torch.equal(
+        flat, torch.frombuffer(bytearray(results[-1]), dtype=torch.float64)
+    )
     comm.free()
