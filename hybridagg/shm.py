@@ -220,10 +220,10 @@ class SharedStaging:
     """A small bucket's weighted mean, computed whole by every rank from shared copies.
 
     For buckets of a few hundred KiB the cost of :class:`SharedBucket` is its
-    three synchronisations, each a round of latency on a loaded node: most
-    of a small model's step (measured with the 4x headline job on 2 cores:
-    the step's all-reduce ended up to 1.5 ms apart on different ranks, and
-    a rank that finishes late starts its next step late). Here each rank
+    three synchronisations, each a round of latency on a loaded node, and
+    that of an MPI all-reduce is its rounds of messages, each needing the
+    peers to be scheduled (on 2 cores with 4 ranks, the step's all-reduce
+    ended up to 1.5 ms apart on different ranks). Here each rank
     copies its raw bucket and header into its slot of a shared window and
     raises its flag, waits until every flag is raised (the only
     synchronisation), and sums all the slots itself, in rank order, so every
