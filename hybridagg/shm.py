@@ -222,8 +222,9 @@ class SharedStaging:
     For buckets of a few hundred KiB the cost of :class:`SharedBucket` is its
     three synchronisations, each a round of latency on a loaded node, and
     that of an MPI all-reduce is its rounds of messages, each needing the
-    peers to be scheduled (on 2 cores with 4 ranks, the step's all-reduce
-    ended up to 1.5 ms apart on different ranks). Here each rank
+    peers to be scheduled (on an oversubscribed node, ranks then finish the
+    step's all-reduce at different times, and a rank that finishes late
+    starts its next step late). Here each rank
     copies its raw bucket and header into its slot of a shared window and
     raises its flag, waits until every flag is raised (the only
     synchronisation), and sums all the slots itself, in rank order, so every
