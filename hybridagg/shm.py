@@ -224,14 +224,14 @@ class SharedStaging:
     that of an MPI all-reduce is its rounds of messages, each needing the
     peers to be scheduled (on an oversubscribed node, ranks then finish the
     step's all-reduce at different times, and a rank that finishes late
-    starts its next step late). Here each rank
-    copies its raw bucket and header into its slot of a shared window and
-    raises its flag, waits until every flag is raised (the only
-    synchronisation), and sums all the slots itself, in rank order, so every
-    rank holds bitwise the same result. Slots alternate between two copies
-    by the parity of the step: a rank rewrites a copy only two steps later,
-    after every peer has raised its flag for the step in between, which it
-    does only after it has finished reading.
+    starts its next step late). Here each rank copies its raw bucket and
+    header into its slot of a shared window and raises its flag, waits until
+    every flag is raised (the only synchronisation), and sums all the slots
+    itself, in rank order, so every rank holds bitwise the same result.
+    Slots alternate between two copies by the parity of the step: a rank
+    rewrites a copy only two steps later, after every peer has raised its
+    flag for the step in between, which it does only after it has finished
+    reading.
 
     Construction is collective over ``comm``, whose ranks must share a node
     (:func:`shared_memory_usable`). :meth:`free` (collective) releases the
