@@ -386,6 +386,9 @@ class GradientReducer:
             and last.flat.dtype in (torch.float32, torch.float64)
             and last.flat.device.type == "cpu"
         )
+        # the control vector's length: [samples, misuse per rank, got-grad
+        # per parameter, shared values per rank] (synchronize() fills it)
+        self._header_len = 1 + control.size * (1 + SHARE_SLOTS) + len(self.params)
         # A deferred last bucket reduced with the control vector (_mean_last)
         # lives in shared memory when the group shares a node, and is reduced
         # there (hybridagg.shm), without MPI messages
@@ -399,14 +402,13 @@ class GradientReducer:
         # ...and a small one that would ride in the control all-reduce is
         # instead staged in shared memory with the control vector, where every
         # rank reduces all of it itself: one synchronisation, no message
-        header = 1 + control.size * (1 + SHARE_SLOTS) + len(self.params)
         if self._fuse_last and shared_memory_usable(
-            transport.comm, 2 * (last.nbytes + 8 * header)
+            transport.comm, 2 * (last.nbytes + 8 * self._header_len)
         ):
             self._fuse_last = False
             self._defer_last = self._mean_last = True
             self._raw = set(last.params)
-            self._shared = SharedStaging(transport.comm, last.flat, header)
+            self._shared = SharedStaging(transport.comm, last.flat, self._header_len)
         self._views = []
         for i, p in enumerate(self.params):
             b, slot = self._where[i]
@@ -561,7 +563,7 @@ class GradientReducer:
         # control: [samples, misuse per rank..., got-grad per parameter...,
         #           shared values per rank..., the fused bucket, if any]
         size, rank, nparams = self.control.size, self.control.rank, len(self.params)
-        per_rank = 1 + size + nparams + size * SHARE_SLOTS
+        per_rank = self._header_len
         # (numpy: a torch element assignment costs microseconds, and this
         # runs on every step)
         fused = self.buckets[-1] if self._fuse_last else None

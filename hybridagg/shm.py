@@ -16,14 +16,14 @@ so each rank reads its peers' gradients where they are:
 4. A second barrier, so that no rank changes its bucket (the next backward,
    gradient clipping) while a peer still copies from it.
 
-Small buckets take :class:`SharedStaging` instead: one synchronisation per
-step, each rank reducing the whole bucket from copies in shared memory.
-
 Per rank and 2 ranks this moves 40% less memory than a ring through MPI
 (no scratch copy); measured on the 2-core test machine at 16 MiB, in
 isolation: 1.7-2.1 ms, against 2.9-3.6 ms for ``MPI_Allreduce``. Every
 segment is computed once, in one fixed order, then copied, so every rank
 holds bitwise the same result.
+
+Small buckets take :class:`SharedStaging` instead: one synchronisation per
+step, each rank reducing the whole bucket from copies in shared memory.
 """
 
 from __future__ import annotations
@@ -233,18 +233,45 @@ class SharedStaging:
     flag for the step in between, which it does only after it has finished
     reading.
 
+    Every wait also calls ``MPI_Iprobe``, so MPI requests in flight
+    elsewhere (a leader's overlapped exchange with the servers) keep moving
+    while a rank waits here, as they do in a polled MPI collective.
+
     Construction is collective over ``comm``, whose ranks must share a node
     (:func:`shared_memory_usable`). :meth:`free` (collective) releases the
-    window.
+    window; otherwise ``MPI_Finalize`` does.
 
     Args:
         comm: The group's communicator.
-        flat: The bucket, a private float CPU tensor (it stays where it is).
-        header_len: Entries of the float64 header :meth:`reduce` takes.
+        flat: The bucket: a contiguous float32 or float64 CPU tensor that
+            needs no gradient (it stays private memory).
+        header_len: Entries of the float64 header :meth:`reduce` takes (>= 1).
+
+    Raises:
+        TypeError: ``flat`` is not such a tensor.
+        ValueError: ``header_len`` is below 1.
     """
 
     def __init__(self, comm: Comm, flat: torch.Tensor, header_len: int) -> None:
-        self.comm, self.flat, self.m = comm, flat, header_len
+        if (
+            not isinstance(flat, torch.Tensor)
+            or flat.device.type != "cpu"
+            or flat.dtype not in (torch.float32, torch.float64)
+            or flat.requires_grad
+            or not flat.is_contiguous()
+        ):
+            raise TypeError(
+                "flat must be a contiguous float32/float64 CPU tensor without "
+                f"requires_grad, got {type(flat).__name__}"
+                + (
+                    f" {flat.dtype} on {flat.device}"
+                    if isinstance(flat, torch.Tensor)
+                    else ""
+                )
+            )
+        if int(header_len) < 1:
+            raise ValueError(f"header_len must be >= 1, got {header_len}")
+        self.comm, self.flat, self.header_len = comm, flat, int(header_len)
         np_dtype = flat.numpy().dtype
         numel, itemsize = flat.numel(), np_dtype.itemsize
         data_bytes = -(-numel * itemsize // 8) * 8  # 8-byte aligned slots
@@ -270,13 +297,19 @@ class SharedStaging:
             self.heads.append(heads)
             self.data.append(data)
         self.steps = 0
-        self.flags[comm.rank][0] = 0
+        # (MPI_Win_sync, the memory barrier between a rank's stores and its
+        # peers' loads, is defined only inside a passive-target epoch)
         self.win.Lock_all(MPI.MODE_NOCHECK)
-        self.win.Sync()
+        try:
+            self.flags[comm.rank][0] = 0
+            self.win.Sync()
+        finally:
+            self.win.Unlock_all()
         # nobody may read a flag before its owner has zeroed it
         comm.wait_for(comm.mpi.Ibarrier().Test, "shared staging set-up")
 
     def _all_raised(self, step: int) -> bool:
+        self.comm.mpi.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)  # MPI progress
         self.win.Sync()  # see the peers' stores
         return all(int(f[0]) >= step for f in self.flags)
 
@@ -307,38 +340,54 @@ class SharedStaging:
         Raises:
             ValueError: The header has the wrong length.
         """
-        if len(header) != self.m:
-            raise ValueError(f"header has {len(header)} entries, expected {self.m}")
+        if not self.flags:
+            raise ValueError("this SharedStaging was freed")
+        if len(header) != self.header_len:
+            raise ValueError(
+                f"header has {len(header)} entries, expected {self.header_len}"
+            )
         n, r = self.comm.size, self.comm.rank
         step = self.steps + 1
         copy = step % 2
-        self.heads[r][copy][:] = header
-        self.data[r][copy].copy_(self.flat)
-        self.win.Sync()  # the slot before the flag
-        self.flags[r][0] = step
-        self.win.Sync()
-        self.comm.wait_for(lambda: self._all_raised(step), f"{what}: arrival", timeout)
-        self.steps = step
-        out = self.heads[0][copy].copy()
-        for j in range(1, n):
-            out += self.heads[j][copy]
-        weights = [float(self.heads[j][copy][0]) for j in range(n)]
-        total = float(out[0])  # (summed in rank order, as the weights are)
-        if total > 0:
-            torch.mul(self.data[0][copy], weights[0] / total, out=self.flat)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        try:
+            self.heads[r][copy][:] = header
+            self.data[r][copy].copy_(self.flat)
+            self.win.Sync()  # the slot before the flag
+            self.flags[r][0] = step
+            self.win.Sync()
+            self.comm.wait_for(
+                lambda: self._all_raised(step), f"{what}: arrival", timeout
+            )
+            self.win.Sync()  # the peers' slots after their flags
+            self.steps = step
+            out = self.heads[0][copy].copy()
             for j in range(1, n):
-                self.flat.add_(self.data[j][copy], alpha=weights[j] / total)
+                out += self.heads[j][copy]
+            weights = [float(self.heads[j][copy][0]) for j in range(n)]
+            total = float(out[0])  # (summed in rank order, as the weights are)
+            if total > 0:
+                torch.mul(self.data[0][copy], weights[0] / total, out=self.flat)
+                for j in range(1, n):
+                    self.flat.add_(self.data[j][copy], alpha=weights[j] / total)
+        finally:
+            self.win.Unlock_all()
         return out
 
     def free(self, timeout: float | None = None) -> None:
         """Release the window (collective); the bucket itself stays usable.
 
         A polled barrier comes first, so a rank that never calls gives a
-        timeout instead of a hang inside ``MPI_Win_free``.
+        timeout instead of a hang inside ``MPI_Win_free``. A second call
+        does nothing.
+
+        Args:
+            timeout: Seconds the barrier may take (default: the communicator's).
         """
+        if not self.flags:
+            return
         self.comm.wait_for(
             self.comm.mpi.Ibarrier().Test, "shared staging release", timeout
         )
-        self.win.Unlock_all()
         self.flags, self.heads, self.data = [], [], []
         self.win.Free()

@@ -184,9 +184,10 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
     """No barrier between reductions: the others run ahead into the next one.
 
     The last rank reads its peers' copies 20 ms after their flags are up in
-    every other reduction; meanwhile the others finish and stage the next
-    reduction's gradients. They must land in the other copy, or the late
-    reader would sum the wrong step.
+    every other reduction (the last one too, right before the release);
+    meanwhile the others finish and stage the next reduction's gradients.
+    They must land in the other copy, or the late reader would sum the
+    wrong step.
     """
     import time
 
@@ -210,8 +211,10 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
             return ready
 
         staging._all_raised = late_reader
+    with pytest.raises(ValueError, match="header has 3 entries, expected 2"):
+        staging.reduce(np.zeros(3))
     results = []
-    for step in range(12):
+    for step in range(13):
         data = torch.randn(n, 1001, generator=torch.Generator().manual_seed(step))
         data = data.double()
         counts = [float((step + j) % 3 + 1) for j in range(n)]
@@ -227,4 +230,17 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
     assert torch.equal(
         flat, torch.frombuffer(bytearray(results[-1]), dtype=torch.float64)
     )
+    with pytest.raises(ValueError, match="freed"):
+        staging.reduce(np.zeros(2))
     comm.free()
+
+
+def test_staging_names_a_bad_bucket_or_header():
+    from hybridagg.shm import SharedStaging
+
+    with pytest.raises(TypeError, match="float32/float64 CPU tensor"):
+        SharedStaging(None, torch.zeros(4, dtype=torch.int64), 2)
+    with pytest.raises(TypeError, match="float32/float64 CPU tensor"):
+        SharedStaging(None, torch.zeros(4, requires_grad=True), 2)
+    with pytest.raises(ValueError, match="header_len must be >= 1"):
+        SharedStaging(None, torch.zeros(4), 0)

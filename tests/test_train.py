@@ -275,6 +275,8 @@ def test_kill_during_a_checkpoint_then_resume_matches_an_uninterrupted_run(
     a = load_part(latest_checkpoint(tmp_path / "a"), 0)
     b = load_part(latest_checkpoint(tmp_path / "b"), 0)
     assert a["updates"] == b["updates"] == steps
+    # the same steps and epochs counted: no empty update after the resume
+    assert (a["step"], a["epochs_done"]) == (b["step"], b["epochs_done"])
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
 

@@ -265,21 +265,25 @@ class WorkerRole:
                     break
                 batches, exhausted = iter(loader), False
                 continue
+            last = False
+            if opt.shared[:, 3].max() == 0:
+                # Static shares: every worker took its last batch of the epoch
+                # in this update, so the epoch ends here, without a round of
+                # an empty update to find out (a whole gradient all-reduce).
+                # (before the checkpoint, which then holds the epoch counted
+                # and the loader between epochs)
+                if next(batches, None) is not None:
+                    raise RuntimeError("the loader gave a batch after its last one")
+                last = self._end_epoch()
+                batches, exhausted = iter(loader), False
             self._maybe_checkpoint(signalled)
             if signalled:
                 if cfg.mode == "sync":
                     break  # every worker saw it at this update (and checkpointed)
                 if self.topo.is_leader:
                     opt.request_stop()  # the servers stop every group after a checkpoint
-            if opt.shared[:, 3].max() == 0:
-                # Static shares: every worker took its last batch of the epoch
-                # in this update, so the epoch ends here, without a round of
-                # an empty update to find out (a whole gradient all-reduce).
-                if next(batches, None) is not None:
-                    raise RuntimeError("the loader gave a batch after its last one")
-                if self._end_epoch():
-                    break
-                batches, exhausted = iter(loader), False
+            if last:
+                break
         if bar is not None:
             bar.close()
         batches = None
