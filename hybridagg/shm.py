@@ -54,6 +54,13 @@ def _room_for(nbytes: int) -> bool:
     return stat.f_bavail * stat.f_frsize >= 2 * nbytes
 
 
+def _barrier(
+    comm: Comm, what: str, timeout: float | None = None, spin: float | None = None
+) -> None:
+    """A polled barrier: a rank that never arrives gives a timeout, not a hang."""
+    comm.wait_for(comm.mpi.Ibarrier().Test, what, timeout, spin=spin)
+
+
 def shared_memory_usable(comm: Comm, nbytes: int) -> bool:
     """Whether ``comm`` may reduce a bucket of ``nbytes`` in shared memory (collective).
 
@@ -124,7 +131,7 @@ class SharedBucket:
         return self.views[of][self._bounds[owner] : self._bounds[owner + 1]]
 
     def _barrier(self, what: str, timeout: float | None, spin: float | None = None):
-        self.comm.wait_for(self.comm.mpi.Ibarrier().Test, what, timeout, spin=spin)
+        _barrier(self.comm, what, timeout, spin)
 
     def reduce(
         self,
@@ -306,7 +313,7 @@ class SharedStaging:
         finally:
             self.win.Unlock_all()
         # nobody may read a flag before its owner has zeroed it
-        comm.wait_for(comm.mpi.Ibarrier().Test, "shared staging set-up")
+        _barrier(comm, "shared staging set-up")
 
     def _all_raised(self, step: int) -> bool:
         self.comm.mpi.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)  # MPI progress
@@ -386,8 +393,6 @@ class SharedStaging:
         """
         if not self.flags:
             return
-        self.comm.wait_for(
-            self.comm.mpi.Ibarrier().Test, "shared staging release", timeout
-        )
+        _barrier(self.comm, "shared staging release", timeout)
         self.flags, self.heads, self.data = [], [], []
         self.win.Free()
