@@ -102,7 +102,7 @@ def inner(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------ the driver
 def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     nranks, extra = MODES[mode]
     slowdown = level_spec(level, args.change_at)

@@ -224,7 +224,7 @@ def worker(args) -> None:
 
 
 def run_ranks(impl: str, path: Path, args, ranks: int) -> dict | None:
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec.json"

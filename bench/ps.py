@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 def drive(args, sizes) -> int:
     import tempfile
 
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

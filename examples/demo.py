@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 from hybridagg.train.metrics import format_table, summary_row
 
 

@@ -21,9 +21,9 @@ __all__ = ["build_parser", "main"]
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from . import config
+    from .runtime import envvars
 
-    print(config.describe())
+    print(envvars.describe())
     return 0
 
 
@@ -33,7 +33,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import numpy
     import torch
 
-    from . import __version__, runner
+    from . import __version__
+    from .runtime import runner
 
     try:
         launcher = runner.mpiexec_info()
@@ -61,7 +62,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from . import runner
+    from .runtime import runner
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -213,7 +214,7 @@ _COMMANDS["convert"] = _cmd_convert
 
 
 def _launch_rank() -> int:
-    from .launchenv import launch_env
+    from .runtime.launchenv import launch_env
 
     rank = launch_env().rank
     return 0 if rank is None else rank
@@ -221,7 +222,7 @@ def _launch_rank() -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
-    from .signals import stop_flag
+    from .runtime.signals import stop_flag
 
     stop_flag()  # before torch's import: a batch system's early warning is kept
     from .train.options import config_from_args

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from . import config
+from .runtime import envvars
 
 __all__ = [
     "Comm",
@@ -86,7 +86,7 @@ _NUMPY_TO_MPI = {
 
 def default_timeout() -> float:
     """Return ``HYBRIDAGG_TIMEOUT`` in seconds (600 unless set)."""
-    value = config.get_float("HYBRIDAGG_TIMEOUT")
+    value = envvars.get_float("HYBRIDAGG_TIMEOUT")
     if value is None or value <= 0:
         raise ValueError(f"HYBRIDAGG_TIMEOUT must be a positive number, got {value}")
     return value
@@ -166,8 +166,8 @@ def alloc(
 
 
 def _poll_params() -> tuple[float, float]:
-    spin = config.get_float("HYBRIDAGG_POLL_SPIN_US") or 0.0
-    cap = config.get_float("HYBRIDAGG_POLL_MAX_SLEEP_US") or 2000.0
+    spin = envvars.get_float("HYBRIDAGG_POLL_SPIN_US") or 0.0
+    cap = envvars.get_float("HYBRIDAGG_POLL_MAX_SLEEP_US") or 2000.0
     return spin * 1e-6, max(cap, 1.0) * 1e-6
 
 
@@ -192,12 +192,12 @@ _reduce_timer_slack()
 
 def ring_min_bytes() -> int:
     """``HYBRIDAGG_RING_MIN_BYTES``: the smallest sum all-reduce that takes the ring."""
-    value = config.get_int("HYBRIDAGG_RING_MIN_BYTES")
+    value = envvars.get_int("HYBRIDAGG_RING_MIN_BYTES")
     return 2**20 if value is None else value
 
 
 def _ring_chunk_bytes() -> int:
-    value = config.get_int("HYBRIDAGG_RING_CHUNK_BYTES")
+    value = envvars.get_int("HYBRIDAGG_RING_CHUNK_BYTES")
     if value is not None and value < 1:
         raise ValueError(f"HYBRIDAGG_RING_CHUNK_BYTES must be positive, got {value}")
     return 4 * 2**20 if value is None else value
@@ -205,7 +205,7 @@ def _ring_chunk_bytes() -> int:
 
 def settled_max_bytes() -> int:
     """``HYBRIDAGG_SETTLED_MAX_BYTES``: the largest settled all-reduce done by blocking calls."""
-    value = config.get_int("HYBRIDAGG_SETTLED_MAX_BYTES")
+    value = envvars.get_int("HYBRIDAGG_SETTLED_MAX_BYTES")
     return 32 * 2**20 if value is None else value
 
 
@@ -664,7 +664,7 @@ def install_abort_hook() -> bool:
     with _hook_lock:
         if _hook_installed:
             return True
-        if not config.get_bool("HYBRIDAGG_ABORT_ON_ERROR"):
+        if not envvars.get_bool("HYBRIDAGG_ABORT_ON_ERROR"):
             return False
         if MPI.COMM_WORLD.Get_size() == 1:
             return False
@@ -712,13 +712,13 @@ def configure_threads(num_threads: int | None = None) -> int:
     """
     n = num_threads
     if n is None:
-        n = config.get_int("HYBRIDAGG_NUM_THREADS")
+        n = envvars.get_int("HYBRIDAGG_NUM_THREADS")
     if n is None:
-        n = config.get_int("OMP_NUM_THREADS")
+        n = envvars.get_int("OMP_NUM_THREADS")
     if n is None:
         n = 1
     if n < 1:
         raise ValueError(f"number of compute threads must be >= 1, got {n}")
     torch.set_num_threads(n)
-    config.export("OMP_NUM_THREADS", str(n))
+    envvars.export("OMP_NUM_THREADS", str(n))
     return n

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from . import config
+from .runtime import envvars
 from .allreduce import (
     DEFAULT_BUCKET_BYTES,
     SHARE_SLOTS,
@@ -232,7 +232,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
         # the thresholds that choose each bucket's reduction must agree, or
         # ranks would post different collectives
-        settings = {name: config.get_str(name) for name in _SAME_ON_EVERY_RANK}
+        settings = {name: envvars.get_str(name) for name in _SAME_ON_EVERY_RANK}
         everyone = control.allgather_obj(
             (params, settings), what="parameter shapes and settings"
         )

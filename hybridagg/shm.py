@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from . import config
+from .runtime import envvars
 from .comm import Comm
 
 __all__ = ["SharedBucket", "SharedStaging", "shared_memory_usable"]
@@ -73,7 +73,7 @@ def shared_memory_usable(comm: Comm, nbytes: int) -> bool:
     if comm.size == 1:
         return False  # nothing to reduce
     votes = np.array(
-        [config.get_bool("HYBRIDAGG_SHM_REDUCE"), _room_for(comm.size * nbytes)],
+        [envvars.get_bool("HYBRIDAGG_SHM_REDUCE"), _room_for(comm.size * nbytes)],
         dtype=np.int64,
     )
     # (polled: it is also the barrier before the blocking split)

@@ -516,7 +516,7 @@ def init(
     import torch
     from mpi4py import MPI
 
-    from . import config
+    from .runtime import envvars
     from .comm import Comm, configure_threads, install_abort_hook
 
     install_abort_hook()
@@ -532,7 +532,7 @@ def init(
         if isinstance(servers, bool) or not isinstance(servers, int):
             raise TypeError(f"servers must be an int, got {type(servers).__name__}")
         if slowdown is None:
-            slowdown = config.get_str("HYBRIDAGG_SLOWDOWN")
+            slowdown = envvars.get_str("HYBRIDAGG_SLOWDOWN")
         schedule = (
             slowdown if isinstance(slowdown, Slowdown) else parse_slowdown(slowdown)
         )
@@ -587,6 +587,6 @@ def init(
 
 
 def _slurm_component() -> int | None:
-    from .launchenv import slurm_het_component
+    from .runtime.launchenv import slurm_het_component
 
     return slurm_het_component()

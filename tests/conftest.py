@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridagg import config
+from hybridagg.runtime import envvars
 
-RESULTS = config.get_str("HYBRIDAGG_TEST_RESULTS")
+RESULTS = envvars.get_str("HYBRIDAGG_TEST_RESULTS")
 IN_RANK = RESULTS is not None
 DEFAULT_RANKS = 2
 DEFAULT_TIMEOUT = 120.0
@@ -46,7 +46,7 @@ if not IN_RANK:
 
 # tests/slurm boots a real Slurm cluster (root, minutes): only under
 # `make test-slurm`, which sets HYBRIDAGG_TEST_SLURM=1.
-collect_ignore = [] if config.get_bool("HYBRIDAGG_TEST_SLURM") else ["slurm"]
+collect_ignore = [] if envvars.get_bool("HYBRIDAGG_TEST_SLURM") else ["slurm"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,7 +79,7 @@ def _ranks_of(item: pytest.Item) -> int:
 @pytest.fixture
 def mpi_tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """A temporary folder that every rank of an ``mpi`` test sees as the same."""
-    shared = config.get_str("HYBRIDAGG_TEST_SHARED_TMP")
+    shared = envvars.get_str("HYBRIDAGG_TEST_SHARED_TMP")
     if not (IN_RANK and shared):
         return tmp_path
     # one folder per test: the tests of a batch share the job's folder
@@ -126,7 +126,7 @@ def _result_name(nodeid: str, rank: int) -> str:
 
 
 def _run_batch(first: pytest.Function) -> None:
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     nranks = _ranks_of(first)
     key = (str(first.path), nranks)

@@ -114,7 +114,7 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     import argparse
     import types
 
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     calls = []
 

@@ -5,21 +5,21 @@ from pathlib import Path
 
 import pytest
 
-from hybridagg import config
+from hybridagg.runtime import envvars
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hybridagg"
 
 
 def test_every_variable_is_documented():
-    for name, var in config.ENV_VARS.items():
+    for name, var in envvars.ENV_VARS.items():
         assert name == var.name
         assert len(var.doc) > 10, name
 
 
-def test_no_module_but_config_reads_the_environment():
+def test_no_module_but_envvars_reads_the_environment():
     offenders = []
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "config.py":
+        if path.name == "envvars.py":
             continue
         text = path.read_text()
         if re.search(r"os\.environ\[|os\.environ\.get|os\.getenv|putenv", text):
@@ -30,29 +30,29 @@ def test_no_module_but_config_reads_the_environment():
 def test_every_name_used_in_the_package_is_declared():
     used = set()
     for path in PACKAGE.rglob("*.py"):
-        used |= set(re.findall(r"config\.get_\w+\(\s*\"(\w+)\"", path.read_text()))
-        used |= set(re.findall(r"config\.export\(\s*\"(\w+)\"", path.read_text()))
+        used |= set(re.findall(r"envvars\.get_\w+\(\s*\"(\w+)\"", path.read_text()))
+        used |= set(re.findall(r"envvars\.export\(\s*\"(\w+)\"", path.read_text()))
     assert used, "the scan found no uses at all"
-    assert used <= set(config.ENV_VARS), used - set(config.ENV_VARS)
+    assert used <= set(envvars.ENV_VARS), used - set(envvars.ENV_VARS)
 
 
 def test_typed_getters(monkeypatch):
     monkeypatch.setenv("HYBRIDAGG_TIMEOUT", "12.5")
-    assert config.get_float("HYBRIDAGG_TIMEOUT") == 12.5
+    assert envvars.get_float("HYBRIDAGG_TIMEOUT") == 12.5
     monkeypatch.delenv("HYBRIDAGG_TIMEOUT")
-    assert config.get_float("HYBRIDAGG_TIMEOUT") == 600.0
+    assert envvars.get_float("HYBRIDAGG_TIMEOUT") == 600.0
     monkeypatch.setenv("HYBRIDAGG_NUM_THREADS", "3")
-    assert config.get_int("HYBRIDAGG_NUM_THREADS") == 3
+    assert envvars.get_int("HYBRIDAGG_NUM_THREADS") == 3
     monkeypatch.setenv("HYBRIDAGG_ABORT_ON_ERROR", "off")
-    assert config.get_bool("HYBRIDAGG_ABORT_ON_ERROR") is False
+    assert envvars.get_bool("HYBRIDAGG_ABORT_ON_ERROR") is False
 
 
 @pytest.mark.parametrize(
     "name,value,getter",
     [
-        ("HYBRIDAGG_TIMEOUT", "soon", config.get_float),
-        ("HYBRIDAGG_NUM_THREADS", "two", config.get_int),
-        ("HYBRIDAGG_ABORT_ON_ERROR", "maybe", config.get_bool),
+        ("HYBRIDAGG_TIMEOUT", "soon", envvars.get_float),
+        ("HYBRIDAGG_NUM_THREADS", "two", envvars.get_int),
+        ("HYBRIDAGG_ABORT_ON_ERROR", "maybe", envvars.get_bool),
     ],
 )
 def test_bad_values_name_the_variable(monkeypatch, name, value, getter):
@@ -63,12 +63,12 @@ def test_bad_values_name_the_variable(monkeypatch, name, value, getter):
 
 def test_undeclared_name_is_refused():
     with pytest.raises(KeyError, match="not declared"):
-        config.get_str("HYBRIDAGG_NO_SUCH_THING")
+        envvars.get_str("HYBRIDAGG_NO_SUCH_THING")
     with pytest.raises(KeyError, match="not declared"):
-        config.export("HYBRIDAGG_NO_SUCH_THING", "1")
+        envvars.export("HYBRIDAGG_NO_SUCH_THING", "1")
 
 
 def test_describe_lists_every_variable():
-    table = config.describe()
-    for name in config.ENV_VARS:
+    table = envvars.describe()
+    for name in envvars.ENV_VARS:
         assert f"`{name}`" in table

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from hybridagg import config
+from hybridagg.runtime import envvars
 from hybridagg.data import HDF5Loader, convert_arrays, mpio_available
 
 RANKS = [1, 2, 3, 4, 5]
 
 
 def expect_mpio() -> bool:
-    return config.get_bool("HYBRIDAGG_EXPECT_MPIO")
+    return envvars.get_bool("HYBRIDAGG_EXPECT_MPIO")
 
 
 def shared_file(comm, tmp, n=900, block=16, classes=7):

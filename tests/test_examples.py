@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from train_helpers import output
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 

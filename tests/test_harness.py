@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 
 HERE = Path(__file__).resolve().parent
 

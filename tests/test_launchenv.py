@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from hybridagg.launchenv import LaunchEnv, launch_env, slurm_het_component
+from hybridagg.runtime.launchenv import LaunchEnv, launch_env, slurm_het_component
 
 PREFIXES = ("SLURM_", "OMPI_COMM_WORLD", "PMI_", "PMIX_", "MPI_LOCAL", "HYBRIDAGG_HET")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "launch" / "hybridagg-run"
 OPEN_MPI_5 = "mpiexec (Open MPI) 5.0.11"

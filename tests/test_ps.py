@@ -576,7 +576,7 @@ def test_bad_mode_combinations():
 
 
 def test_a_worker_that_raises_ends_the_whole_job(tmp_path):
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     script = tmp_path / "fail.py"
     script.write_text(

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 
 
 def fake_launcher(tmp_path, name, version_text):

@@ -201,7 +201,7 @@ HET_STEP = {
 
 @pytest.mark.parametrize("procid,component", [(0, 0), (1, 0), (2, 1), (4, 1)])
 def test_slurm_component_from_procid_ranges(monkeypatch, procid, component):
-    from hybridagg.launchenv import launch_env, slurm_het_component
+    from hybridagg.runtime.launchenv import launch_env, slurm_het_component
 
     for key, value in HET_STEP.items():
         monkeypatch.setenv(key, value)
@@ -218,7 +218,7 @@ def test_slurm_component_from_procid_ranges(monkeypatch, procid, component):
 
 
 def test_slurm_component_absent_or_explicit(monkeypatch):
-    from hybridagg.launchenv import slurm_het_component
+    from hybridagg.runtime.launchenv import slurm_het_component
 
     for key, value in HET_STEP.items():
         monkeypatch.setenv(key, value)
@@ -233,7 +233,7 @@ def test_slurm_component_absent_or_explicit(monkeypatch):
 
 
 def test_launch_env_open_mpi_and_hydra(monkeypatch):
-    from hybridagg.launchenv import launch_env
+    from hybridagg.runtime.launchenv import launch_env
 
     for key in list(__import__("os").environ):
         if key.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMI_", "MPI_LOCAL")):

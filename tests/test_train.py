@@ -383,7 +383,7 @@ def test_broken_data_file_and_checkpoint_of_another_model(digits, tmp_path):
 
 def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
     """What Slurm's --signal does before a time limit."""
-    from hybridagg import runner
+    from hybridagg.runtime import runner
 
     ck = tmp_path / "ck"
     argv = runner.mpiexec_argv(

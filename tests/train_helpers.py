@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from hybridagg import runner
+from hybridagg.runtime import runner
 
 
 def run_train(

@@ -31,7 +31,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .. import config
+from ..runtime import envvars
 
 __all__ = [
     "FORMAT_NAME",
@@ -109,7 +109,7 @@ def file_locking(locking: bool | str | None = None) -> bool | str:
                 f"locking must be True, False or 'best-effort', got {locking!r}"
             )
         return locking
-    env = config.get_str("HDF5_USE_FILE_LOCKING")
+    env = envvars.get_str("HDF5_USE_FILE_LOCKING")
     if env is None:
         return "best-effort"
     low = env.strip().lower()

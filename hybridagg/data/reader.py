@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import h5py
 import numpy as np
 
-from .. import config
+from ..runtime import envvars
 from .format import SplitInfo, file_locking, open_file
 
 __all__ = ["ChunkMap", "SplitReader", "mpio_available", "runs_of", "timed_read"]
@@ -142,7 +142,7 @@ class ChunkMap:
 
 
 def _chunk_map(path: str, dset: h5py.Dataset) -> ChunkMap | None:
-    if not config.get_bool("HYBRIDAGG_DATA_DIRECT_READ"):
+    if not envvars.get_bool("HYBRIDAGG_DATA_DIRECT_READ"):
         return None
     try:
         return ChunkMap(path, dset)

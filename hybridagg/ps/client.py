@@ -74,9 +74,9 @@ class PSClient:
         numels = [p.numel() for p in params]
         self.ranges = shard_ranges(sum(numels), self.K)
         if part_bytes is None:
-            from .. import config
+            from ..runtime import envvars
 
-            part_bytes = config.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
+            part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
         esize = params[0].element_size()
         self.part_elems = max(1, int(part_bytes) // esize)
         self.parts = [

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .. import config
+from ..runtime import envvars
 from ..batching import BatchController
 from ..comm import alloc
 from . import protocol as P
@@ -82,7 +82,7 @@ def server_max_sleep() -> float:
     Raises:
         ValueError: The value is not a positive number.
     """
-    value = config.get_float("HYBRIDAGG_SERVER_MAX_SLEEP_US")
+    value = envvars.get_float("HYBRIDAGG_SERVER_MAX_SLEEP_US")
     if value is None or not value > 0:
         raise ValueError(f"HYBRIDAGG_SERVER_MAX_SLEEP_US must be positive, got {value}")
     return value * 1e-6

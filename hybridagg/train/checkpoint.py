@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .. import config
+from ..runtime import envvars
 
 __all__ = ["Checkpointer", "latest_checkpoint", "load_part", "read_manifest"]
 
@@ -45,7 +45,7 @@ def _fsync_dir(path: Path) -> None:
 
 def _fault(number: int, rank: int) -> bool:
     """Test hook: ``HYBRIDAGG_FAULT=checkpoint:N:R`` kills rank R in checkpoint N."""
-    spec = config.get_str("HYBRIDAGG_FAULT")
+    spec = envvars.get_str("HYBRIDAGG_FAULT")
     if not spec or not spec.startswith("checkpoint:"):
         return False
     _, n, r = spec.split(":")

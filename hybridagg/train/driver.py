@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..signals import stop_flag
+from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
 from .common import check_manifest

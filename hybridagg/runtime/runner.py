@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from . import envvars
 
 __all__ = [
     "MpiexecInfo",
@@ -74,7 +74,7 @@ def find_mpiexec() -> str:
     Raises:
         FileNotFoundError: None was found.
     """
-    chosen = config.get_str("HYBRIDAGG_MPIEXEC")
+    chosen = envvars.get_str("HYBRIDAGG_MPIEXEC")
     if chosen:
         if not shutil.which(chosen):
             raise FileNotFoundError(f"HYBRIDAGG_MPIEXEC={chosen!r} is not executable")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import config
+from . import envvars
 
 __all__ = ["LaunchEnv", "launch_env", "slurm_het_component"]
 
@@ -47,7 +47,7 @@ class LaunchEnv:
 
 def _int(name: str) -> int | None:
     try:
-        return config.get_int(name)
+        return envvars.get_int(name)
     except ValueError:
         return None
 
@@ -79,7 +79,7 @@ def slurm_het_component() -> int | None:
     if components is None or procid is None:
         return None
     counts = [
-        _int(config.indexed("SLURM_NTASKS_HET_GROUP_<k>", k)) for k in range(components)
+        _int(envvars.indexed("SLURM_NTASKS_HET_GROUP_<k>", k)) for k in range(components)
     ]
     if any(c is None for c in counts) or sum(counts) != _int("SLURM_NTASKS"):
         return None
@@ -109,7 +109,7 @@ def launch_env() -> LaunchEnv:
             local_size=_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
         )
     srun_task = (
-        _int("SLURM_PROCID") is not None and config.get_str("SLURM_STEP_ID") is not None
+        _int("SLURM_PROCID") is not None and envvars.get_str("SLURM_STEP_ID") is not None
     )
     pmi = _int("PMI_RANK")
     if pmi is not None and (
@@ -140,7 +140,7 @@ def _slurm_local_size() -> int | None:
     # derivable without the node index, so use SLURM_STEP_TASKS_PER_NODE's
     # entry for SLURM_NODEID when both are present.
     node = _int("SLURM_NODEID")
-    spec = config.get_str("SLURM_STEP_TASKS_PER_NODE")
+    spec = envvars.get_str("SLURM_STEP_TASKS_PER_NODE")
     if node is None or not spec:
         return None
     counts: list[int] = []

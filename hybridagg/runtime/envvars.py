@@ -177,7 +177,7 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_RUN_TOKEN",
         None,
-        "Set by hybridagg.runner in every process of a job it starts, so that "
+        "Set by hybridagg.runtime.runner in every process of a job it starts, so that "
         "leftover ranks can be found and killed after a timeout.",
     ),
     EnvVar(
@@ -272,7 +272,7 @@ _DECLARED = [
         "OMPI_ALLOW_RUN_AS_ROOT",
         None,
         "Open MPI refuses to start as root unless this and "
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM are 1; hybridagg.runner sets both for "
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM are 1; hybridagg.runtime.runner sets both for "
         "the jobs it starts.",
         "openmpi",
     ),
@@ -286,7 +286,7 @@ _DECLARED = [
         "PRTE_MCA_rmaps_default_mapping_policy",
         None,
         "Open MPI 5 (PRRTE) mapping policy; ':oversubscribe' allows more ranks "
-        "than cores. Set by hybridagg.runner when oversubscribing.",
+        "than cores. Set by hybridagg.runtime.runner when oversubscribing.",
         "openmpi",
     ),
     EnvVar(
@@ -319,7 +319,7 @@ def _lookup(name: str) -> str | None:
         var = ENV_VARS[name] if name in ENV_VARS else ENV_VARS[_template_of(name)]
     except KeyError:
         raise KeyError(
-            f"environment variable {name!r} is not declared in hybridagg.config"
+            f"environment variable {name!r} is not declared in hybridagg.runtime.envvars"
         ) from None
     value = os.environ.get(name)
     if value is None or value == "":
@@ -340,7 +340,7 @@ def indexed(template: str, index: int) -> str:
     """
     if template not in ENV_VARS:
         raise KeyError(
-            f"environment variable {template!r} is not declared in hybridagg.config"
+            f"environment variable {template!r} is not declared in hybridagg.runtime.envvars"
         )
     return template.replace("<k>", str(int(index)))
 
@@ -401,7 +401,7 @@ def export(name: str, value: str) -> None:
     """Set a declared variable for this process and the processes it starts."""
     if name not in ENV_VARS:
         raise KeyError(
-            f"environment variable {name!r} is not declared in hybridagg.config"
+            f"environment variable {name!r} is not declared in hybridagg.runtime.envvars"
         )
     os.environ[name] = value
 

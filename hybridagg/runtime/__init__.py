@@ -1,0 +1,9 @@
+"""Process plumbing: the environment registry, the launch environment, the job
+runner and stop signals.
+
+This package knows about nothing else in hybridagg and imports neither torch
+nor ``mpi4py.MPI`` at import time, so the command line and the training
+configuration can load it cheaply.
+"""
+
+__all__ = ["envvars", "launchenv", "runner", "signals"]
