@@ -32,7 +32,6 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from .runtime import envvars
 from .allreduce import (
     DEFAULT_BUCKET_BYTES,
     SHARE_SLOTS,
@@ -42,6 +41,7 @@ from .allreduce import (
 from .comm import Comm
 from .ps.compensation import Compensation
 from .ps.exchange import GroupExchange
+from .runtime import envvars
 from .topology import Topology
 
 __all__ = [

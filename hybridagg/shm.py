@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .runtime import envvars
 from .comm import Comm
+from .runtime import envvars
 
 __all__ = ["SharedBucket", "SharedStaging", "shared_memory_usable"]
 

@@ -516,8 +516,8 @@ def init(
     import torch
     from mpi4py import MPI
 
-    from .runtime import envvars
     from .comm import Comm, configure_threads, install_abort_hook
+    from .runtime import envvars
 
     install_abort_hook()
     configure_threads(num_threads)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridagg.runtime import envvars
 from hybridagg.data import HDF5Loader, convert_arrays, mpio_available
+from hybridagg.runtime import envvars
 
 RANKS = [1, 2, 3, 4, 5]
 

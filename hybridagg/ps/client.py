@@ -76,7 +76,9 @@ class PSClient:
         if part_bytes is None:
             from ..runtime import envvars
 
-            part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
+            part_bytes = (
+                envvars.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
+            )
         esize = params[0].element_size()
         self.part_elems = max(1, int(part_bytes) // esize)
         self.parts = [

@@ -60,9 +60,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..runtime import envvars
 from ..batching import BatchController
 from ..comm import alloc
+from ..runtime import envvars
 from . import protocol as P
 from .compensation import Compensation, lookahead_factor
 from .shards import part_ranges, pieces_of

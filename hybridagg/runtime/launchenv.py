@@ -79,7 +79,8 @@ def slurm_het_component() -> int | None:
     if components is None or procid is None:
         return None
     counts = [
-        _int(envvars.indexed("SLURM_NTASKS_HET_GROUP_<k>", k)) for k in range(components)
+        _int(envvars.indexed("SLURM_NTASKS_HET_GROUP_<k>", k))
+        for k in range(components)
     ]
     if any(c is None for c in counts) or sum(counts) != _int("SLURM_NTASKS"):
         return None
@@ -109,7 +110,8 @@ def launch_env() -> LaunchEnv:
             local_size=_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
         )
     srun_task = (
-        _int("SLURM_PROCID") is not None and envvars.get_str("SLURM_STEP_ID") is not None
+        _int("SLURM_PROCID") is not None
+        and envvars.get_str("SLURM_STEP_ID") is not None
     )
     pmi = _int("PMI_RANK")
     if pmi is not None and (
