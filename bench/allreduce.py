@@ -18,7 +18,7 @@ Implementations:
                     the same repetition, after one untimed backward, so both
                     timed passes find the caches alike), i.e. the time
                     reduction adds.
-    hybridagg-flat  hybridagg.comm.Comm.allreduce on one flat buffer.
+    hybridagg-flat  hybridagg.collectives.Collectives.allreduce on one flat buffer.
     mpi4py          blocking MPI_Allreduce on a numpy buffer.
     mpi4py-nb       MPI_Iallreduce + MPI_Wait on the same buffer.
     gloo            torch.distributed all_reduce with the gloo backend (DDP's CPU path).
@@ -42,6 +42,7 @@ import torch
 from mpi4py import MPI
 
 import hybridagg
+from hybridagg.collectives import Collectives
 from hybridagg.comm import Comm
 from hybridagg.optimizer import init_torch_distributed
 
@@ -69,6 +70,7 @@ class Bench:
     def __init__(self, impls: list[str], nbytes: int, topo, bucket_mb: float) -> None:
         self.impls, self.topo = impls, topo
         self.comm = Comm(name="bench")
+        self.collectives = Collectives(self.comm)
         n = max(1, nbytes // 4)
         self.np_buf = np.ones(n, dtype=np.float32)
         self.t_buf = torch.ones(n)
@@ -106,7 +108,7 @@ class Bench:
             return time.perf_counter() - start - local
         start = time.perf_counter()
         if impl == "hybridagg-flat":
-            comm.allreduce(self.t_buf)
+            self.collectives.allreduce(self.t_buf)
         elif impl == "mpi4py":
             comm.mpi.Allreduce(MPI.IN_PLACE, self.np_buf)
         elif impl == "mpi4py-nb":
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.close()
         for impl in impls:
             mine = np.array(times[impl])
-            everyone = np.array(world.allgather_obj(mine.tolist()))  # ranks x reps
+            everyone = np.array(world.allgather(mine.tolist()))  # ranks x reps
             per_rank = np.median(everyone, axis=1) * 1e6
             per_rep = everyone.max(axis=0) * 1e6
             q1, med, q3 = np.percentile(per_rep, [25, 50, 75])

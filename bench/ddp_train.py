@@ -99,7 +99,7 @@ def train_ddp(cfg: TrainConfig, comm: Comm, backend: str = "ddp") -> dict | None
                     first = train_time
     end = time.perf_counter() - start
     loader.close()
-    reports = comm.allgather_obj((samples, end), what="report")
+    reports = comm.allgather((samples, end), what="report")
     if rank == 0:
         accuracy, _ = evaluator.evaluate(model)
         evaluator.close()

@@ -215,7 +215,7 @@ def worker(args) -> None:
         n, _, _ = run_loader(path, args.batch, args.window_blocks, comm, driver)
     comm.barrier()
     elapsed = time.perf_counter() - t0
-    total = sum(comm.allgather_obj(n))
+    total = sum(comm.allgather(n))
     if comm.rank == 0:
         rec = record(args.worker, comm.size, total, total * SAMPLE_BYTES, elapsed)
         Path(args.out).write_text(json.dumps(rec))

@@ -95,12 +95,12 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
         if topo.is_server:
             hybridagg.serve(topo)  # transport only
             stats = hybridagg.serve(topo)  # with the update
-            lo, hi = raw.bcast_obj(None, 0)[raw.rank - 1]
+            lo, hi = raw.bcast(None, 0)[raw.rank - 1]
             raw_buf = np.empty(hi - lo, dtype=np.float32)
             for _ in range(reps + 1):
                 raw.mpi.Recv(raw_buf, 0, 7)
                 raw.mpi.Send(raw_buf, 0, 8)
-            raw.allgather_obj(float(np.median(stats.apply_times[1:] or [0.0])))
+            raw.allgather(float(np.median(stats.apply_times[1:] or [0.0])))
             continue
         ps_times = _ps_round_trips(topo, nbytes, reps, skip_update=True)
         full_times = _ps_round_trips(topo, nbytes, reps, skip_update=False)
@@ -108,7 +108,7 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
         from hybridagg.ps.shards import shard_ranges
 
         ranges = shard_ranges(max(1, nbytes // 4), K)
-        raw.bcast_obj(ranges, 0)  # servers size their buffers from the shard
+        raw.bcast(ranges, 0)  # servers size their buffers from the shard
         flat = np.ones(max(1, nbytes // 4), dtype=np.float32)
         raw_times = []
         for rep in range(reps + 1):
@@ -119,7 +119,7 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                 raw.mpi.Recv(flat[lo:hi], 1 + s, 8)
             if rep:
                 raw_times.append(time.perf_counter() - start)
-        update_s = max(raw.allgather_obj(0.0))
+        update_s = max(raw.allgather(0.0))
         for impl, times in (
             ("hybridagg-ps", ps_times),
             ("mpi4py-p2p", raw_times),

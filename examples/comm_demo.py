@@ -25,7 +25,7 @@ def main() -> None:
     hybridagg.install_abort_hook()
     comm = Comm(name="demo")
     x = torch.full((1 << 20,), float(comm.rank + 1))
-    comm.allreduce(x, what="demo allreduce")
+    comm.Allreduce(x, what="demo allreduce")
     expected = comm.size * (comm.size + 1) / 2
     if not torch.all(x == expected):
         raise RuntimeError(f"allreduce gave {x[0].item()}, expected {expected}")
@@ -36,7 +36,7 @@ def main() -> None:
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     comm.barrier(what="demo barrier")
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
-    rows = comm.allgather_obj((comm.rank, wall, cpu))
+    rows = comm.allgather((comm.rank, wall, cpu))
     if comm.rank == 0:
         print(f"allreduce of 4 MiB over {comm.size} ranks: correct ({expected:g})")
         print(f"{'rank':>4} {'waited s':>9} {'cpu s':>7} {'cpu/wall':>9}")

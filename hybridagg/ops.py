@@ -64,7 +64,7 @@ def allreduce_async_(tensor: torch.Tensor, comm, op: str = "average") -> Handle:
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
     c = _comm_of(comm)
-    return Handle(tensor, c.iallreduce(tensor, _OPS[op]), c, op == "average")
+    return Handle(tensor, c.Iallreduce(tensor, _OPS[op]), c, op == "average")
 
 
 def poll(handle: Handle) -> bool:
@@ -89,4 +89,4 @@ def allreduce(tensor: torch.Tensor, comm, op: str = "average") -> torch.Tensor:
 
 def broadcast(tensor: torch.Tensor, root_rank: int, comm) -> torch.Tensor:
     """Broadcast a tensor in place from ``root_rank`` (a rank of ``comm``)."""
-    return _comm_of(comm).bcast(tensor, root_rank, what=f"broadcast from {root_rank}")
+    return _comm_of(comm).Bcast(tensor, root_rank, what=f"broadcast from {root_rank}")

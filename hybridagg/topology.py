@@ -43,6 +43,7 @@ __all__ = [
     "Comms",
     "RankInfo",
     "Topology",
+    "default_topology",
     "init",
     "parse_group_spec",
     "plan",
@@ -539,7 +540,7 @@ def init(
     except (TypeError, ValueError) as exc:
         error = exc
     world.check(error, what="hybridagg.init arguments")
-    specs = world.allgather_obj((groups, servers), what="init spec agreement")
+    specs = world.allgather((groups, servers), what="init spec agreement")
     if len(set(specs)) != 1:
         detail = ", ".join(f"rank {r}: {s}" for r, s in enumerate(specs))
         raise ValueError(f"ranks disagree on (groups, servers): {detail}")
@@ -558,7 +559,7 @@ def init(
         speed=speed,
         slurm_component=_slurm_component(),
     )
-    infos = world.allgather_obj(info, what="rank descriptors")
+    infos = world.allgather(info, what="rank descriptors")
     topo = None
     try:
         topo = plan(groups, infos, world.size, servers, world.rank)
@@ -590,3 +591,16 @@ def _slurm_component() -> int | None:
     from .runtime.launchenv import slurm_het_component
 
     return slurm_het_component()
+
+
+def default_topology(topology: Topology | None) -> Topology:
+    """``topology`` as given, or :func:`init` of ``COMM_WORLD`` when ``None``.
+
+    Raises:
+        TypeError: ``topology`` did not come from :func:`init`.
+    """
+    if topology is None:
+        return init()
+    if not isinstance(topology, Topology) or topology.comms is None:
+        raise TypeError("topology must come from hybridagg.init(...)")
+    return topology

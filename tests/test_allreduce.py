@@ -87,7 +87,7 @@ def run_against_reference(groups, kind, backend="mpi", steps=5, clip=None, sched
     ["flat", "flat-fused", "flat-shm", "flat-ring", "flat-deferred", "hierarchical"],
 )
 def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypatch):
-    from hybridagg.shm import SharedBucket, SharedStaging
+    from hybridagg.reduce import LastBucketKind as K
 
     # flat: the small model's one bucket is staged in shared memory with the
     # control vector and every rank reduces all of it; flat-fused: without
@@ -106,20 +106,19 @@ def test_equals_single_process_on_union_batch(mpi_ranks, kind, layout, monkeypat
         monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "1")
     groups = HIERARCHICAL[mpi_ranks] if layout == "hierarchical" else "world"
     opt = run_against_reference(groups, kind)
-    many = mpi_ranks > 1
     reducer = opt.reducer
-    staged = layout == "flat" and many
-    assert reducer._defer_last == ((large and many) or staged)
-    assert reducer._mean_last == (
-        (layout in ("flat-shm", "flat-ring") and many) or staged
-    )
-    assert reducer._fuse_last == (layout == "flat-fused" and many)
-    assert isinstance(reducer._shared, SharedBucket) == (layout == "flat-shm" and many)
-    assert isinstance(reducer._shared, SharedStaging) == staged
+    expected = {
+        "flat": K.STAGED,
+        "flat-fused": K.FUSED,
+        "flat-shm": K.SHARED_MEAN,
+        "flat-ring": K.MEAN_RING,
+        "flat-deferred": K.SETTLED,
+        "hierarchical": K.EAGER,
+    }[layout]
+    assert reducer.last_bucket.kind is (expected if mpi_ranks > 1 else K.EAGER)
     # finish() releases the shared memory; the gradients keep their values
     grads = [None if p.grad is None else p.grad.clone() for p in reducer.params]
     opt.finish()
-    assert reducer._shared is None
     for p, g in zip(reducer.params, grads, strict=True):
         assert (p.grad is None) == (g is None)
         if g is not None:
@@ -139,7 +138,7 @@ def test_bucket_thresholds_that_differ_between_ranks_are_an_error_everywhere(
     with pytest.raises(
         ValueError,
         match=rf"HYBRIDAGG_SETTLED_MAX_BYTES differs between rank 0 .* and "
-        rf"rank {mpi_ranks - 1} \('64'\)",
+        rf"rank {mpi_ranks - 1} \(64\)",
     ):
         hybridagg.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
@@ -157,7 +156,8 @@ def test_shared_memory_is_used_only_when_every_rank_agrees(
     """One rank that turns shared memory off, or lacks room, turns it off for all."""
     from mpi4py import MPI
 
-    import hybridagg.shm
+    import hybridagg.collectives.shm
+    from hybridagg.reduce import LastBucketKind as K
 
     if bucket == "large":
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
@@ -165,12 +165,14 @@ def test_shared_memory_is_used_only_when_every_rank_agrees(
         if dissent == "env":
             monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
         else:
-            monkeypatch.setattr(hybridagg.shm, "_room_for", lambda nbytes: False)
+            monkeypatch.setattr(
+                hybridagg.collectives.shm, "_room_for", lambda nbytes: False
+            )
     opt = run_against_reference("world", "sgd", steps=3)  # the MPI paths work
-    assert opt.reducer._shared is None
     # large: the ring with the control vector; small: in the control all-reduce
-    assert opt.reducer._mean_last == (bucket == "large")
-    assert opt.reducer._fuse_last == (bucket == "small")
+    assert opt.reducer.last_bucket.kind is (
+        K.MEAN_RING if bucket == "large" else K.FUSED
+    )
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=180)
@@ -187,8 +189,11 @@ def test_clipping_and_lr_scheduler_keep_working(groups, monkeypatch):
     # synchronize() while the peers may just have copied from it
     if groups == "world":
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    from hybridagg.reduce import LastBucketKind as K
+
     opt = run_against_reference(groups, "sgd", clip=0.05, sched=True)
-    assert (opt.reducer._shared is not None) == (groups == "world")
+    kind = opt.reducer.last_bucket.kind
+    assert kind is (K.SHARED_MEAN if groups == "world" else K.EAGER)
 
 
 @pytest.mark.mpi(ranks=2, timeout=120)
@@ -234,7 +239,8 @@ def test_first_bucket_overlaps_backward():
 @pytest.mark.parametrize("last_bucket", ["fused", "staged", "shm", "ring"])
 def test_misuse_is_an_error_on_every_rank(mpi_ranks, last_bucket, monkeypatch):
     import hybridagg
-    from hybridagg.allreduce import MisuseError
+    from hybridagg.reduce import LastBucketKind as K
+    from hybridagg.reduce import MisuseError
 
     # the flags travel with the last bucket in every case
     if last_bucket in ("shm", "ring"):  # large: reduced after the control vector
@@ -246,8 +252,15 @@ def test_misuse_is_an_error_on_every_rank(mpi_ranks, last_bucket, monkeypatch):
     opt = hybridagg.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), topo
     )
-    assert opt.reducer._fuse_last == (last_bucket == "fused")
-    assert (opt.reducer._shared is not None) == shm
+    assert (
+        opt.reducer.last_bucket.kind
+        is {
+            "fused": K.FUSED,
+            "staged": K.STAGED,
+            "shm": K.SHARED_MEAN,
+            "ring": K.MEAN_RING,
+        }[last_bucket]
+    )
     x, y = (
         torch.randn(4, 6, dtype=torch.float64),
         torch.randn(4, 3, dtype=torch.float64),
@@ -318,6 +331,30 @@ def test_bad_arguments():
             hybridagg.DistributedOptimizer(sgd, model.named_parameters(), with_server)
 
 
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_the_factory_picks_the_synchronous_implementation():
+    import hybridagg
+    from hybridagg.optimizer import ServerOptimizer, SyncOptimizer
+
+    topo = hybridagg.init()
+    model = mlp()
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), topo
+    )
+    assert type(opt) is SyncOptimizer and not isinstance(opt, ServerOptimizer)
+    assert isinstance(opt, hybridagg.DistributedOptimizer)
+    assert isinstance(opt, torch.optim.Optimizer)
+    # the server-side queries answer as sync mode has no servers
+    assert not opt.should_stop and opt.last_staleness == 0 and opt.batch_advice == 0
+    for call in (opt.pull_weights, opt.pull_state, opt.refresh_from_servers):
+        with pytest.raises(ValueError, match="needs mode='hybrid' or 'async'"):
+            call()
+    with pytest.raises(ValueError, match="needs mode='hybrid' or 'async'"):
+        opt.checkpointed(1)
+    opt.finish()
+    opt.finish()  # a second finish releases nothing twice
+
+
 @pytest.mark.mpi(ranks=3, timeout=120)
 def test_buffers_are_averaged_and_broadcasts_start_everyone_equal():
     import hybridagg
@@ -332,10 +369,12 @@ def test_buffers_are_averaged_and_broadcasts_start_everyone_equal():
     x = torch.randn(8, 4) + topo.rank
     opt.zero_grad()
     model(x).pow(2).mean().backward()
-    before = topo.comms.world.allgather_obj(model[1].running_mean.clone())
+    # (a list: the object methods refuse a bare tensor, which is a buffer)
+    before = topo.comms.world.allgather([model[1].running_mean.clone()])
+    before = [b for (b,) in before]
     opt.step()
     hybridagg.broadcast_optimizer_state(opt, root_rank=0, topology=topo)
-    everyone = topo.comms.world.allgather_obj(
+    everyone = topo.comms.world.allgather(
         ([p.detach().clone() for p in model.parameters()], model[1].running_mean)
     )
     for params, running in everyone:

@@ -216,8 +216,12 @@ def test_reduced_gradient_is_the_union_batch_gradient_as_batches_change(
                 ).backward()
             opt.synchronize()
             # the union batch, from every rank's share
-            xs = torch.cat([torch.as_tensor(a) for a in comm.allgather_obj(x.numpy())])
-            ys = torch.cat([torch.as_tensor(a) for a in comm.allgather_obj(y.numpy())])
+            xs = torch.cat(
+                [torch.as_tensor(a) for (a,) in comm.allgather((x.numpy(),))]
+            )
+            ys = torch.cat(
+                [torch.as_tensor(a) for (a,) in comm.allgather((y.numpy(),))]
+            )
             ref = torch.nn.Sequential(
                 torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)
             ).double()

@@ -46,26 +46,66 @@ def test_collectives_match_a_local_reference():
     n = comm.size
     x = torch.arange(1000, dtype=torch.float64) * (comm.rank + 1)
     ptr = x.data_ptr()
-    comm.allreduce(x)
+    comm.Allreduce(x)
     assert x.data_ptr() == ptr
     torch.testing.assert_close(
         x, torch.arange(1000, dtype=torch.float64) * n * (n + 1) / 2
     )
 
     y = torch.full((5,), float(comm.rank))
-    comm.bcast(y, root=n - 1)
+    comm.Bcast(y, root=n - 1)
     assert torch.all(y == n - 1)
 
-    gathered = comm.allgather_obj({"rank": comm.rank, "pad": "x" * comm.rank * 100})
+    gathered = comm.allgather({"rank": comm.rank, "pad": "x" * comm.rank * 100})
     assert [g["rank"] for g in gathered] == list(range(n))
-    assert comm.bcast_obj(("hello", comm.rank), root=0) == ("hello", 0)
+    assert comm.bcast(("hello", comm.rank), root=0) == ("hello", 0)
+
+    out = torch.zeros(n, 2)
+    comm.Allgather(torch.full((2,), float(comm.rank)), out)
+    assert out[:, 0].tolist() == list(range(n))
 
     sub = comm.split(comm.rank % 2, name="parity")
     assert sub.size == len(range(comm.rank % 2, n, 2))
-    total = sub.allreduce(np.array([comm.rank], dtype=np.int64))
+    total = sub.Allreduce(np.array([comm.rank], dtype=np.int64))
     assert total[0] == sum(range(comm.rank % 2, n, 2))
     sub.free()
     comm.free()
+
+
+@pytest.mark.mpi(ranks=[1, 2, 3], timeout=60)
+def test_object_methods_refuse_buffers_and_name_the_buffer_method():
+    """mpi4py's convention: lower case moves objects, upper case buffers."""
+    from hybridagg.comm import Comm
+
+    with Comm(name="names") as comm:
+        t, a = torch.zeros(3), np.zeros(3)
+        for method, buffer_method in [("allgather", "Allgather"), ("bcast", "Bcast")]:
+            for x in (t, a):
+                with pytest.raises(TypeError, match=rf"use Comm\.{buffer_method}"):
+                    getattr(comm, method)(x)
+        with pytest.raises(TypeError, match=r"use Comm\.Allreduce"):
+            comm.allreduce(t)
+        with pytest.raises(TypeError, match=r"use Comm\.Isend"):
+            comm.isend(a, 0)
+        with pytest.raises(TypeError, match=r"use Comm\.Irecv"):
+            comm.recv(t)
+        # objects: reduced in rank order, the same everywhere
+        assert comm.allreduce(comm.rank + 1) == comm.size * (comm.size + 1) // 2
+        assert comm.allreduce([comm.rank]) == list(range(comm.size))
+        assert comm.allreduce(2, op=max) == 2
+    comm.free()  # a second release does nothing
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_the_timeout_must_be_finite(monkeypatch):
+    from hybridagg.comm import default_timeout
+
+    for bad in ("nan", "inf", "0", "-1"):
+        monkeypatch.setenv("HYBRIDAGG_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="HYBRIDAGG_TIMEOUT must be a finite"):
+            default_timeout()
+    monkeypatch.setenv("HYBRIDAGG_TIMEOUT", "2.5")
+    assert default_timeout() == 2.5
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=60)
@@ -76,7 +116,7 @@ def test_point_to_point_ring():
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     out = torch.full((100,), float(comm.rank))
     inbox = torch.empty(100)
-    reqs = [comm.irecv(inbox, left, tag=7), comm.isend(out, right, tag=7)]
+    reqs = [comm.Irecv(inbox, left, tag=7), comm.Isend(out, right, tag=7)]
     comm.wait(reqs, "ring exchange")
     assert torch.all(inbox == left)
 
@@ -112,7 +152,7 @@ def test_wait_times_out_with_the_operation_named():
     comm = Comm(name="lonely", timeout=0.5)
     if comm.rank == 0:
         buf = torch.empty(4)
-        req = comm.irecv(buf, source=1, tag=99)  # rank 1 never sends this
+        req = comm.Irecv(buf, source=1, tag=99)  # rank 1 never sends this
         with pytest.raises(CommTimeoutError, match="never-sent message on lonely"):
             comm.wait(req, "never-sent message")
         req.Cancel()
@@ -150,7 +190,7 @@ def test_configure_threads(monkeypatch):
 
 
 class _FakeClock:
-    """Stands in for ``time`` inside hybridagg.comm: sleeping advances it."""
+    """Stands in for ``time`` inside hybridagg.comm.waits: sleeping advances it."""
 
     def __init__(self):
         self.now, self.sleeps = 0.0, []
@@ -165,8 +205,8 @@ class _FakeClock:
 
 
 @pytest.mark.mpi(ranks=1, timeout=60)
-def test_poll_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch):
-    import hybridagg.comm as comm_mod
+def test_wait_until_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch):
+    import hybridagg.comm.waits as comm_mod
 
     monkeypatch.setenv("HYBRIDAGG_POLL_MAX_SLEEP_US", "2000")
     monkeypatch.setenv("HYBRIDAGG_POLL_SPIN_US", "0")
@@ -174,7 +214,7 @@ def test_poll_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch)
     def longest_sleep(**kwargs):
         clock = _FakeClock()
         monkeypatch.setattr(comm_mod, "time", clock)
-        waited = comm_mod.poll(lambda: clock.now >= 1.0, what="t", **kwargs)
+        waited = comm_mod.wait_until(lambda: clock.now >= 1.0, what="t", **kwargs)
         assert waited >= 1.0 and clock.sleeps
         return max(clock.sleeps)
 
@@ -188,7 +228,7 @@ def test_poll_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkeypatch)
 
 @pytest.mark.mpi(ranks=1, timeout=60)
 def test_comm_wait_for_passes_max_sleep_and_activity_on(monkeypatch):
-    import hybridagg.comm as comm_mod
+    import hybridagg.comm.communicator as comm_mod
 
     seen = {}
 
@@ -197,7 +237,7 @@ def test_comm_wait_for_passes_max_sleep_and_activity_on(monkeypatch):
         return 0.0
 
     comm = comm_mod.Comm(name="svc", timeout=7.0)
-    monkeypatch.setattr(comm_mod, "poll", fake_poll)
+    monkeypatch.setattr(comm_mod, "wait_until", fake_poll)
     counter = lambda: 3  # noqa: E731
     comm.wait_for(lambda: True, "next push", activity=counter, max_sleep=5e-4)
     assert seen["max_sleep"] == 5e-4 and seen["activity"] is counter
@@ -223,12 +263,14 @@ def test_server_max_sleep_reads_and_checks_its_variable(monkeypatch):
 
 @pytest.mark.mpi(ranks=1, timeout=60)
 def test_a_waiting_server_costs_well_under_a_tenth_of_a_core():
-    from hybridagg.comm import poll
+    from hybridagg.comm import wait_until
     from hybridagg.ps.server import server_max_sleep
 
     end = time.perf_counter() + 2.0
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
-    poll(lambda: time.perf_counter() >= end, what="idle", max_sleep=server_max_sleep())
+    wait_until(
+        lambda: time.perf_counter() >= end, what="idle", max_sleep=server_max_sleep()
+    )
     cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     assert wall > 1.5
     assert cpu / wall < 0.10, f"a server's idle wait used {cpu / wall:.1%} of a core"

@@ -191,13 +191,13 @@ def test_bad_input_is_the_same_error_on_every_rank(mpi_tmp_path):
     for kind in ERROR_KINDS:
         made = make_bad(kind, mpi_tmp_path) if comm.rank == 0 else None
         comm.barrier()
-        path, etype, pattern = comm.bcast_obj(made)
+        path, etype, pattern = comm.bcast(made)
         with pytest.raises(etype, match=pattern) as info:
             HDF5Loader(path, batch_size=30, comm=comm)
         assert str(path) in str(info.value), kind
         # the same message everywhere: one rank's error (prefixed with that
         # rank), or a check every rank made on data they agreed on
-        assert len(set(comm.allgather_obj(str(info.value)))) == 1, kind
+        assert len(set(comm.allgather(str(info.value)))) == 1, kind
     comm.free()
 
 
@@ -232,5 +232,5 @@ def test_one_rank_with_a_bad_path_fails_every_rank(mpi_tmp_path):
     # and the job goes on: a good loader works afterwards on every rank
     with HDF5Loader(good, batch_size=4, comm=comm) as ld:
         n = sum(len(y) for _, y in ld)
-    assert sum(comm.allgather_obj(n)) == 200
+    assert sum(comm.allgather(n)) == 200
     comm.free()

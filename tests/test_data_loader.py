@@ -67,7 +67,7 @@ def test_static_shares_cover_every_sample_once_with_uneven_batches(mpi_tmp_path)
         check_driver(ld)
         assert ld.batch_sizes == [3 + 4 * r for r in range(comm.size)]
         ids, steps = run_epoch(ld)
-        views = comm.allgather_obj((ids, steps))
+        views = comm.allgather((ids, steps))
         everything = sorted(i for v, _ in views for i in v)
         assert everything == list(range(900))
         assert {s for _, s in views} == {len(ld)}  # same number of steps everywhere
@@ -76,7 +76,7 @@ def test_static_shares_cover_every_sample_once_with_uneven_batches(mpi_tmp_path)
         assert abs(len(ids) - ideal) <= batch
         # epoch 1: another order, again every sample once
         ids1, _ = run_epoch(ld)
-        assert sorted(i for v in comm.allgather_obj(ids1) for i in v) == everything
+        assert sorted(i for v in comm.allgather(ids1) for i in v) == everything
         assert ids1 != ids or (comm.size > 1 and len(ids) < 4)
     # the same (seed, epoch) gives the same order on every rank
     with HDF5Loader(path, batch_size=batch, comm=comm, seed=11, window_blocks=3) as ld:
@@ -85,8 +85,8 @@ def test_static_shares_cover_every_sample_once_with_uneven_batches(mpi_tmp_path)
         assert run_epoch(ld)[0] == ids
     with HDF5Loader(path, batch_size=batch, comm=comm, seed=12, window_blocks=3) as ld:
         other = run_epoch(ld)[0]
-    assert sorted(i for v in comm.allgather_obj(other) for i in v) == everything
-    differs = comm.allgather_obj(other != ids)
+    assert sorted(i for v in comm.allgather(other) for i in v) == everything
+    differs = comm.allgather(other != ids)
     assert any(differs)
     comm.free()
 
@@ -114,7 +114,7 @@ def test_dynamic_shares_cover_every_sample_once_and_a_fast_rank_takes_more(
             len(ld)
         for epoch in range(2):
             ids, _ = run_epoch(ld, sleep=0.03 if comm.rank == slow else 0.0)
-            views = comm.allgather_obj(ids)
+            views = comm.allgather(ids)
             assert sorted(i for v in views for i in v) == list(range(1200)), epoch
             if comm.size > 1:
                 # the slow rank (sleeping per batch, standing for a slow GPU)
@@ -144,7 +144,7 @@ def test_batch_sizes_change_mid_epoch_and_every_sample_is_still_read_once(
             if steps > 3:
                 assert len(x) <= ld.batch_size
             lefts.append(ld.batches_left)
-        views = comm.allgather_obj((ids, steps, lefts))
+        views = comm.allgather((ids, steps, lefts))
         assert sorted(i for v, _, _ in views for i in v) == list(range(1000))
         assert len({s for _, s, _ in views}) == 1
         # after the re-cut, every worker still counts down to 0 at the last
@@ -178,7 +178,7 @@ def test_prefetch_stops_cleanly_with_mpi(mpi_tmp_path):
         assert not readers()
         # the next epoch after an abandoned one works (dynamic: counter reset)
         ids, _ = run_epoch(ld)
-        assert sorted(i for v in comm.allgather_obj(ids) for i in v) == list(range(900))
+        assert sorted(i for v in comm.allgather(ids) for i in v) == list(range(900))
         it = iter(ld)
         next(it)
         assert readers()
@@ -260,7 +260,7 @@ def test_mpio_collective_reads_with_ranks_that_run_out(mpi_tmp_path):
     ) as ld:
         assert ld.driver == "mpio" and ld.collective
         ids, steps = run_epoch(ld)
-        views = comm.allgather_obj((ids, steps))
+        views = comm.allgather((ids, steps))
         assert sorted(i for v, _ in views for i in v) == list(range(700))
         assert len({s for _, s in views}) == 1
     with HDF5Loader(
@@ -268,5 +268,5 @@ def test_mpio_collective_reads_with_ranks_that_run_out(mpi_tmp_path):
     ) as ld:
         assert ld.driver == "mpio" and not ld.collective
         ids, _ = run_epoch(ld)
-        assert sorted(i for v in comm.allgather_obj(ids) for i in v) == list(range(700))
+        assert sorted(i for v in comm.allgather(ids) for i in v) == list(range(700))
     comm.free()

@@ -447,7 +447,7 @@ def test_idle_server_costs_well_under_a_tenth_of_a_core():
     import hybridagg
 
     topo = hybridagg.init(servers=1)
-    pids = topo.comms.world.allgather_obj(os.getpid())
+    pids = topo.comms.world.allgather(os.getpid())
     if topo.is_server:
         hybridagg.serve(topo)
         return
@@ -527,6 +527,10 @@ def test_pull_gives_the_authoritative_weights_and_stop_budget():
         assert steps < 100
     flat = opt.pull_weights()
     assert flat.numel() == 4
+    from hybridagg.optimizer import ServerOptimizer
+
+    assert type(opt) is ServerOptimizer  # the factory's choice for hybrid/async
+    assert isinstance(opt, hybridagg.DistributedOptimizer)
     opt.finish()
 
 

@@ -314,7 +314,7 @@ class HDF5Loader:
             None if batch_sizes is None else [int(b) for b in batch_sizes],
         )
         views = (
-            self.comm.allgather_obj(mine, what="data set agreement")
+            self.comm.allgather(mine, what="data set agreement")
             if self.comm
             else [mine]
         )
@@ -478,7 +478,7 @@ class HDF5Loader:
             self.batch_sizes = sizes
             return
         views = (
-            self.comm.allgather_obj((sizes, self._consumed), what="set_batch_sizes")
+            self.comm.allgather((sizes, self._consumed), what="set_batch_sizes")
             if self.comm
             else [(sizes, self._consumed)]
         )
@@ -523,7 +523,7 @@ class HDF5Loader:
         if not self._active:
             return {"kind": "static", "epoch": self.epoch, "shares": None}
         views = (
-            self.comm.allgather_obj(
+            self.comm.allgather(
                 (self._consumed, self._steps_done), what="loader position"
             )
             if self.comm
@@ -574,9 +574,7 @@ class HDF5Loader:
             self._resume_static = (shares, int(state["steps_left"]))
             return
         states = (
-            self.comm.allgather_obj(state, what="loader resume")
-            if self.comm
-            else [state]
+            self.comm.allgather(state, what="loader resume") if self.comm else [state]
         )
         carry, epochs, counter = merge_states(states)
         self._counter.set(counter)

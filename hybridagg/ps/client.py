@@ -132,7 +132,7 @@ class PSClient:
                 "skip_update": self.skip_update,
                 "batching": self.batching,
             }
-            pending.append(self.ps.isend_obj(spec, self.G + s, P.INIT))
+            pending.append(self.ps.isend(spec, self.G + s, P.INIT))
         self.ps.wait([req for req, _ in pending], "parameter-server start-up")
 
     def _pack_buffers(self) -> torch.Tensor:
@@ -146,11 +146,11 @@ class PSClient:
             reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.REPLY_HDR))
             for lo, hi in self.parts[s]:
                 reqs.append(
-                    self.ps.irecv(self.flat_weights[lo:hi], self.G + s, P.REPLY_W)
+                    self.ps.Irecv(self.flat_weights[lo:hi], self.G + s, P.REPLY_W)
                 )
             replies.append(head)
         if self.flat_buffers is not None:
-            reqs.append(self.ps.irecv(self.flat_buffers, self.G, P.REPLY_BUF))
+            reqs.append(self.ps.Irecv(self.flat_buffers, self.G, P.REPLY_BUF))
         return reqs, replies
 
     def _header(
@@ -205,11 +205,11 @@ class PSClient:
             keep.append(head)
             reqs.append(self.ps.mpi.Isend(head, self.G + s, P.HDR))
             for lo, hi in self.parts[s]:
-                reqs.append(self.ps.isend(self.flat_grad[lo:hi], self.G + s, P.GRAD))
+                reqs.append(self.ps.Isend(self.flat_grad[lo:hi], self.G + s, P.GRAD))
         if self.flat_buffers is not None:
             packed = self._pack_buffers()
             keep.append(packed)
-            reqs.append(self.ps.isend(packed, self.G, P.BUF))
+            reqs.append(self.ps.Isend(packed, self.G, P.BUF))
         return Exchange(reqs, replies, keep)
 
     def pull(self) -> Exchange:
@@ -277,9 +277,9 @@ class PSClient:
             reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.FINAL))
             for lo, hi in self.parts[s]:
                 reqs.append(
-                    self.ps.irecv(self.flat_weights[lo:hi], self.G + s, P.FINAL)
+                    self.ps.Irecv(self.flat_weights[lo:hi], self.G + s, P.FINAL)
                 )
         if self.flat_buffers is not None:
-            reqs.append(self.ps.irecv(self.flat_buffers, self.G, P.FINAL))
+            reqs.append(self.ps.Irecv(self.flat_buffers, self.G, P.FINAL))
         self.ps.wait(reqs, "final weights from the parameter servers", timeout)
         return int(max(h[0] for h in heads))

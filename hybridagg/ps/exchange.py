@@ -155,11 +155,11 @@ class GroupExchange:
             if new:
                 self._pack()
         group = self.group
-        group.bcast(self.head, 0, what="weights header from the group leader")
+        group.Bcast(self.head, 0, what="weights header from the group leader")
         if self.head[1] > 0:
-            reqs = [group.ibcast(self.wbuf, 0)]
+            reqs = [group.Ibcast(self.wbuf, 0)]
             if self.bbuf is not None:
-                reqs.append(group.ibcast(self.bbuf, 0))
+                reqs.append(group.Ibcast(self.bbuf, 0))
             group.wait(reqs, "weights from the group leader")
             if not self.is_leader:
                 self._unpack()
@@ -210,10 +210,10 @@ class GroupExchange:
             return
         self.head[:] = float(self.version)
         self.head[4] = self.checkpoint_done
-        self.group.bcast(self.head, 0, what="resume header from the group leader")
-        reqs = [self.group.ibcast(self.wbuf, 0)]
+        self.group.Bcast(self.head, 0, what="resume header from the group leader")
+        reqs = [self.group.Ibcast(self.wbuf, 0)]
         if self.bbuf is not None:
-            reqs.append(self.group.ibcast(self.bbuf, 0))
+            reqs.append(self.group.Ibcast(self.bbuf, 0))
         self.group.wait(reqs, "resumed weights from the group leader")
         if not self.is_leader:
             self._unpack()

@@ -43,7 +43,7 @@ staleness an update sees is at most about ``(G - 1)(s + 1)``. A checkpoint
 request releases held replies (the held group must reach the snapshot), so
 around a checkpoint a group may get one update further ahead.
 
-Every wait polls (:func:`hybridagg.comm.poll`), so an idle server costs a
+Every wait polls (:func:`hybridagg.comm.wait_until`), so an idle server costs a
 small fraction of a core. Waiting for the next message, it sleeps at most
 ``HYBRIDAGG_SERVER_MAX_SLEEP_US`` (500 us) between polls instead of the
 general 2 ms cap: a push that arrives while the server sleeps waits for it,
@@ -214,7 +214,7 @@ class _Server:
         self.G = topology.num_groups
         self.K = self.ps.size - self.G
         self.me = self.ps.rank - self.G
-        spec = self.ps.recv_obj(0, P.INIT, what="parameter-server start-up from rank 0")
+        spec = self.ps.recv(0, P.INIT, what="parameter-server start-up from rank 0")
         self.shard = _Shard(spec)
         self.comp: Compensation = spec["compensation"]
         self.lookahead = self.comp.lookahead
@@ -375,9 +375,9 @@ class _Server:
         reqs = [self.ps.mpi.Isend(self._head(g, staleness, scale), g, P.REPLY_HDR)]
         for i, (a, b) in enumerate(self.shard.parts):
             src = self._reply_from(g, a, b, i if predict else None)
-            reqs.append(self.ps.isend(src, g, P.REPLY_W))
+            reqs.append(self.ps.Isend(src, g, P.REPLY_W))
         if self.shard.buffers is not None:
-            reqs.append(self.ps.isend(self._reply_from(g), g, P.REPLY_BUF))
+            reqs.append(self.ps.Isend(self._reply_from(g), g, P.REPLY_BUF))
         self.sends[g] = reqs
 
     def too_far_ahead(self, g: int) -> bool:
@@ -407,11 +407,11 @@ class _Server:
             self.tau[g] += _TAU_WEIGHT * (staleness - self.tau[g])
             undamped = self.comp.scale(samples, self.version, 0)
             self.pred_lrs[g] = [lr * undamped for lr in lrs]
-        grads = [ps.irecv(shard.grad[a:b], g, P.GRAD) for a, b in shard.parts]
+        grads = [ps.Irecv(shard.grad[a:b], g, P.GRAD) for a, b in shard.parts]
         incoming = None
         if shard.buffers is not None:
             incoming = torch.empty_like(shard.buffers)
-            grads.append(ps.irecv(incoming, g, P.BUF))
+            grads.append(ps.Irecv(incoming, g, P.BUF))
         if self.G == 1:  # replies are sent from the shard itself
             ps.wait(self.sends[0], "reply in flight")
         self.version += 1
@@ -432,12 +432,12 @@ class _Server:
             shard.apply(i, lrs, scale)
             applied += time.perf_counter() - t0
             if not hold:
-                reqs.append(ps.isend(self._reply_from(g, a, b, i), g, P.REPLY_W))
+                reqs.append(ps.Isend(self._reply_from(g, a, b, i), g, P.REPLY_W))
         if incoming is not None:
             ps.wait(grads[-1], f"buffers from leader {g}")
             shard.buffers.copy_(incoming)
             if not hold:
-                reqs.append(ps.isend(self._reply_from(g), g, P.REPLY_BUF))
+                reqs.append(ps.Isend(self._reply_from(g), g, P.REPLY_BUF))
         self.sends[g] = reqs
         self.stats.apply_seconds += applied
         if len(self.stats.apply_times) < 10_000:
@@ -591,10 +591,10 @@ class _Server:
             req.Cancel()
         final = [
             ps.mpi.Isend(np.array([self.version], dtype=np.float64), 0, P.FINAL),
-            *(ps.isend(shard.flat[a:b], 0, P.FINAL) for a, b in shard.parts),
+            *(ps.Isend(shard.flat[a:b], 0, P.FINAL) for a, b in shard.parts),
         ]
         if shard.buffers is not None:
-            final.append(ps.isend(shard.buffers, 0, P.FINAL))
+            final.append(ps.Isend(shard.buffers, 0, P.FINAL))
         ps.wait(final, "final weights to rank 0")
         for req, _ in self.wreqs:
             ps.wait(req, "cancelled checkpoint report")

@@ -112,7 +112,7 @@ class AdaptiveBatches:
                 module.training = training
         seconds = compute + pacer.pace(k, compute)
         self.opt.zero_grad()
-        timed = dict(scope.allgather_obj((self.rank, seconds), what="batch probe"))
+        timed = dict(scope.allgather((self.rank, seconds), what="batch probe"))
         for i, rank in enumerate(self.members):
             self.batcher.add(i, timed[rank], k)
         self._apply_decision(self.batcher.decide())

@@ -29,9 +29,7 @@ def _find_resume(cfg: TrainConfig, topo: Topology) -> tuple[Path | None, dict | 
     err, found = None, None
     if cfg.resume and world.rank == 0:
         found = latest_checkpoint(cfg.checkpoint)
-    found = world.bcast_obj(
-        None if found is None else str(found), 0, what="resume path"
-    )
+    found = world.bcast(None if found is None else str(found), 0, what="resume path")
     manifest = None
     if found is not None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass, fields
 
-from ..optimizer import MODES
+from ..modes import MODES, check_mode
 from ..ps.compensation import DAMPING_RULES
 from ..slowdown import Slowdown, parse_slowdown
 from .models import MODELS
@@ -66,21 +66,13 @@ class TrainConfig:
     max_batch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(
-                f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}"
-            )
-        if self.mode == "sync" and self.servers:
-            raise ValueError(
-                "--mode sync uses no parameter servers; drop --servers or use --mode hybrid"
-            )
-        if self.mode != "sync" and self.servers is not None and self.servers < 1:
-            raise ValueError(f"--mode {self.mode} needs --servers 1 or more")
-        if self.mode == "async" and self.groups not in (None, "each"):
-            raise ValueError(
-                "--mode async puts every worker in its own group; drop --groups "
-                "(or use --mode hybrid for groups)"
-            )
+        check_mode(
+            self.mode,
+            servers=self.servers,
+            singleton_groups=None if self.groups in (None, "each") else False,
+            groups=f"--groups {self.groups}",
+            cli=True,
+        )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"

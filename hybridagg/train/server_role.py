@@ -94,7 +94,7 @@ class ServerRole:
             "max_staleness": stats.max_staleness,
             "busy_s": stats.busy_seconds,
         }
-        world.allgather_obj(report, what="run report")
+        world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
         return None

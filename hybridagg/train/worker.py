@@ -412,7 +412,7 @@ class WorkerRole:
             "stale_sum": self.stale_sum,
             "stale_n": self.stale_n,
         }
-        reports = world.allgather_obj(mine, what="run report")
+        reports = world.allgather(mine, what="run report")
         self.metrics.close()
         world.barrier(what="metrics written")
         topo.comms.free()

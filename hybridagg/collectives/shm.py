@@ -17,10 +17,9 @@ so each rank reads its peers' gradients where they are:
    gradient clipping) while a peer still copies from it.
 
 Per rank and 2 ranks this moves 40% less memory than a ring through MPI
-(no scratch copy); measured on the 2-core test machine at 16 MiB, in
-isolation: 1.7-2.1 ms, against 2.9-3.6 ms for ``MPI_Allreduce``. Every
-segment is computed once, in one fixed order, then copied, so every rank
-holds bitwise the same result.
+(no scratch copy; timings in bench/RESULTS.md). Every segment is computed
+once, in one fixed order, then copied, so every rank holds bitwise the same
+result.
 
 Small buckets take :class:`SharedStaging` instead: one synchronisation per
 step, each rank reducing the whole bucket from copies in shared memory.
@@ -34,8 +33,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .comm import Comm
-from .runtime import envvars
+from ..comm import Comm
+from .partition import even_bounds
 
 __all__ = ["SharedBucket", "SharedStaging", "shared_memory_usable"]
 
@@ -61,10 +60,11 @@ def _barrier(
     comm.wait_for(comm.mpi.Ibarrier().Test, what, timeout, spin=spin)
 
 
-def shared_memory_usable(comm: Comm, nbytes: int) -> bool:
+def shared_memory_usable(comm: Comm, nbytes: int, enabled: bool) -> bool:
     """Whether ``comm`` may reduce a bucket of ``nbytes`` in shared memory (collective).
 
-    True when every rank has ``HYBRIDAGG_SHM_REDUCE=1``, sees room for twice
+    True when every rank passes ``enabled`` (``HYBRIDAGG_SHM_REDUCE``, through
+    :class:`~hybridagg.collectives.CollectiveSettings`), sees room for twice
     the whole window (``comm.size * nbytes``) in ``/dev/shm`` (a full one, as
     with a container's default 64 MiB, would crash the first store with
     SIGBUS instead of failing cleanly), and shares a node with every other
@@ -73,7 +73,7 @@ def shared_memory_usable(comm: Comm, nbytes: int) -> bool:
     if comm.size == 1:
         return False  # nothing to reduce
     votes = np.array(
-        [envvars.get_bool("HYBRIDAGG_SHM_REDUCE"), _room_for(comm.size * nbytes)],
+        [bool(enabled), _room_for(comm.size * nbytes)],
         dtype=np.int64,
     )
     # (polled: it is also the barrier before the blocking split)
@@ -124,8 +124,7 @@ class SharedBucket:
             self.views.append(torch.from_numpy(array))
         self.flat = self.views[comm.rank]
         self.flat.zero_()
-        n = comm.size
-        self._bounds = [numel * i // n for i in range(n + 1)]
+        self._bounds = even_bounds(numel, comm.size)
 
     def _segment(self, owner: int, of: int) -> torch.Tensor:
         return self.views[of][self._bounds[owner] : self._bounds[owner + 1]]
@@ -200,10 +199,10 @@ class SharedBucket:
         self.win.Sync()
         # Every rank has posted the arrival and is only finishing its own
         # segment, so the two barriers spin up to _SPIN_S before they sleep.
-        # (Measured with the default 100 us spin: 2 of 6 full benchmark runs
-        # were 2-3x slower at 4-16 MiB, a sleeping rank being woken late;
-        # with polls that spin for 3 ms, and with blocking barriers, none of
-        # 3 each. Polled, a peer that failed in between gives a timeout.)
+        # (With the default short spin, a rank that went to sleep here was
+        # sometimes woken late and whole reductions ran several times slower,
+        # bench/RESULTS.md; polled rather than blocking, a peer that failed
+        # in between still gives a timeout.)
         self._barrier(f"{what}: segments reduced", timeout, _SPIN_S)
         self.win.Sync()
         for j in range(n):

@@ -1,11 +1,18 @@
-"""The pipelined ring all-reduce and the communication buffers behind it."""
+"""hybridagg.collectives: rings, the weighted mean, shared memory, the dispatch."""
 
 import numpy as np
 import pytest
 import torch
 
+from hybridagg.collectives import (
+    Algorithm,
+    CollectiveSettings,
+    choose_allreduce,
+    even_bounds,
+    ring_neighbours,
+    ring_tags,
+)
 from hybridagg.ps.shards import part_ranges
-from hybridagg.ring import ring_tags
 
 
 def test_tag_rounds_fit_below_the_tag_bound():
@@ -17,10 +24,10 @@ def test_tag_rounds_fit_below_the_tag_bound():
 
 @pytest.mark.parametrize("nranks", [2, 3, 5])
 def test_rings_in_flight_never_share_a_tag(nranks):
-    from hybridagg.ring import _MAX_CHUNKS, ring_tag
+    from hybridagg.collectives.ring import MAX_CHUNKS, ring_tag
 
     ub = 32767  # the least MPI_TAG_UB the standard allows
-    stages, rounds = 2 * (nranks - 1), ring_tags(ub, nranks, _MAX_CHUNKS)
+    stages, rounds = 2 * (nranks - 1), ring_tags(ub, nranks, MAX_CHUNKS)
 
     def tags(seq, nchunks):
         return {
@@ -32,7 +39,7 @@ def test_rings_in_flight_never_share_a_tag(nranks):
     # a 4-chunk ring and a 1-chunk ring three rings later (their tags once
     # overlapped, so a receive could match the other ring's message)
     assert not tags(0, 4) & tags(3, 1)
-    every = [t for seq in range(rounds) for t in tags(seq, _MAX_CHUNKS)]
+    every = [t for seq in range(rounds) for t in tags(seq, MAX_CHUNKS)]
     assert len(set(every)) == len(every)
     assert min(every) > 904 + 2 and max(every) <= ub  # above the settled rings'
 
@@ -57,10 +64,11 @@ def test_alloc_gives_writable_tensors_of_any_dtype():
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
 def test_ring_equals_the_sum_on_every_rank_with_rings_in_flight(mpi_ranks):
-    from hybridagg.comm import Comm
-    from hybridagg.ring import RingAllreduce
+    from hybridagg.collectives import RingAllreduce
+    from hybridagg.comm import Comm, ScratchPool
 
     comm = Comm(name="ring-test")
+    pool, stages = ScratchPool(), []
     seq = 0
     # sizes smaller than the rank count, uneven segments, several chunks
     for numel in [0, 1, 2, 7, 1001, 50_003]:
@@ -72,46 +80,65 @@ def test_ring_equals_the_sum_on_every_rank_with_rings_in_flight(mpi_ranks):
             # different chunk counts
             rings = []
             for i, buf in enumerate(mine):
-                rings.append(RingAllreduce(comm, buf, seq, chunk_bytes * (1 + 5 * i)))
+                rings.append(
+                    RingAllreduce(
+                        comm,
+                        buf,
+                        seq,
+                        chunk_bytes * (1 + 5 * i),
+                        pool,
+                        lambda: stages.append(1),
+                    )
+                )
                 seq += 1
             comm.wait_for(lambda rs=rings: all([r.test() for r in rs]), "rings")
             for i, buf in enumerate(mine):
                 torch.testing.assert_close(buf, data[i].sum(0))
             # bitwise the same result everywhere: replicas stay identical
-            everyone = comm.allgather_obj(mine[0].numpy().tobytes())
+            everyone = comm.allgather(mine[0].numpy().tobytes())
             assert all(e == everyone[0] for e in everyone)
+    assert (len(stages) > 0) == (comm.size > 1)  # progress was reported
     comm.free()
 
 
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
-def test_comm_allreduce_takes_the_ring_above_the_threshold(mpi_ranks, monkeypatch):
+def test_collectives_allreduce_takes_the_ring_above_the_threshold(
+    mpi_ranks, monkeypatch
+):
+    from hybridagg.collectives import Collectives
     from hybridagg.comm import Comm
 
     monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
+    monkeypatch.setenv("HYBRIDAGG_SETTLED_MAX_BYTES", "0")
     comm = Comm(name="ring-threshold")
+    collectives = Collectives(comm)
     x = torch.full((1000,), float(comm.rank + 1))
-    comm.allreduce(x)
-    assert comm.events > 0  # stages of the ring completed
+    collectives.allreduce(x)
+    assert collectives.events > 0  # stages of the ring completed
     assert torch.all(x == sum(range(1, comm.size + 1)))
+    seen = collectives.events
+    z = torch.ones(8)  # below the threshold: MPI_Iallreduce, no ring stages
+    collectives.allreduce(z)
+    assert collectives.events == seen and torch.all(z == comm.size)
     y = np.ones(4)
-    comm.allreduce(y)  # small numpy buffers: MPI_Iallreduce
+    comm.Allreduce(y)  # the communicator's own: MPI_Iallreduce on any buffer
     assert np.all(y == comm.size)
     comm.free()
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
 def test_settled_allreduce_equals_the_sum_on_every_rank(mpi_ranks):
-    from hybridagg.comm import Comm
-    from hybridagg.ring import settled_allreduce
+    from hybridagg.collectives import settled_allreduce
+    from hybridagg.comm import Comm, ScratchPool
 
     comm = Comm(name="settled-test")
     for numel in [0, 1, 2, 7, 1001]:
         g = torch.Generator().manual_seed(numel)
         data = torch.randn(comm.size, numel, generator=g, dtype=torch.float64)
         buf = data[comm.rank].clone()
-        settled_allreduce(comm, buf)
+        settled_allreduce(comm, buf, ScratchPool())
         torch.testing.assert_close(buf, data.sum(0))
-        everyone = comm.allgather_obj(buf.numpy().tobytes())
+        everyone = comm.allgather(buf.numpy().tobytes())
         assert all(e == everyone[0] for e in everyone)
     comm.free()
 
@@ -119,17 +146,21 @@ def test_settled_allreduce_equals_the_sum_on_every_rank(mpi_ranks):
 @pytest.mark.mpi(ranks=[1, 2, 3, 5], timeout=120)
 @pytest.mark.parametrize("impl", ["ring", "shm", "staged"])
 def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
-    """ring.mean_allreduce, shm.SharedBucket.reduce, shm.SharedStaging.reduce: one contract."""
+    """mean_allreduce, SharedBucket.reduce, SharedStaging.reduce: one contract."""
     import time
 
-    from hybridagg.comm import Comm
-    from hybridagg.ring import mean_allreduce
-    from hybridagg.shm import SharedBucket, SharedStaging, shared_memory_usable
+    from hybridagg.collectives import (
+        SharedBucket,
+        SharedStaging,
+        mean_allreduce,
+        shared_memory_usable,
+    )
+    from hybridagg.comm import Comm, ScratchPool
 
     comm = Comm(name="mean-test")
     n, r = comm.size, comm.rank
     shm = impl != "ring"
-    if shm and n > 1 and not shared_memory_usable(comm, 8 * 1001):
+    if shm and n > 1 and not shared_memory_usable(comm, 8 * 1001, True):
         comm.free()
         pytest.skip("no shared memory for the window here")
     dtype = torch.float32 if shm else torch.float64
@@ -161,7 +192,9 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
             if shm:
                 total = shared[numel].reduce(header, what="mean test")
             else:
-                total = mean_allreduce(comm, buf, header, what="mean test")
+                total = mean_allreduce(
+                    comm, buf, header, ScratchPool(), what="mean test"
+                )
             w = torch.tensor(counts, dtype=torch.float64)[:, None]
             expect = (w * data).sum(0) / w.sum() if w.sum() > 0 else data.sum(0)
             torch.testing.assert_close(buf, expect.to(dtype))
@@ -170,7 +203,7 @@ def test_weighted_mean_by_the_counts_and_the_header_sum(mpi_ranks, impl):
             assert total[2 : 2 + n].tolist() == [2.5 * i for i in range(n)]
             assert header[0] == counts[r]  # the caller's header is not touched
             # bitwise the same result and header everywhere
-            everyone = comm.allgather_obj((buf.numpy().tobytes(), total.tobytes()))
+            everyone = comm.allgather((buf.numpy().tobytes(), total.tobytes()))
             assert all(e == everyone[0] for e in everyone)
     for bucket in shared.values():
         bucket.free()
@@ -191,12 +224,12 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
     """
     import time
 
+    from hybridagg.collectives import SharedStaging, shared_memory_usable
     from hybridagg.comm import Comm
-    from hybridagg.shm import SharedStaging, shared_memory_usable
 
     comm = Comm(name="staged-test")
     n, r = comm.size, comm.rank
-    if not shared_memory_usable(comm, 8 * 4096):
+    if not shared_memory_usable(comm, 8 * 4096, True):
         comm.free()
         pytest.skip("no shared memory for the window here")
     flat = torch.zeros(1001, dtype=torch.float64)
@@ -224,7 +257,7 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
         torch.testing.assert_close(flat, (w * data).sum(0) / w.sum())
         assert total.tolist() == [sum(counts), float(step * n)]
         results.append(flat.numpy().tobytes())
-    everyone = comm.allgather_obj(results)
+    everyone = comm.allgather(results)
     assert all(e == everyone[0] for e in everyone)  # bitwise, every step
     staging.free()
     assert torch.equal(
@@ -236,7 +269,7 @@ def test_staged_reductions_back_to_back_while_a_rank_reads_late(mpi_ranks):
 
 
 def test_staging_names_a_bad_bucket_or_header():
-    from hybridagg.shm import SharedStaging
+    from hybridagg.collectives import SharedStaging
 
     with pytest.raises(TypeError, match="float32/float64 CPU tensor"):
         SharedStaging(None, torch.zeros(4, dtype=torch.int64), 2)
@@ -244,3 +277,62 @@ def test_staging_names_a_bad_bucket_or_header():
         SharedStaging(None, torch.zeros(4, requires_grad=True), 2)
     with pytest.raises(ValueError, match="header_len must be >= 1"):
         SharedStaging(None, torch.zeros(4), 0)
+
+
+def test_even_bounds_and_ring_neighbours():
+    assert even_bounds(10, 4) == [0, 2, 5, 7, 10]
+    assert even_bounds(0, 3) == [0, 0, 0, 0]
+    assert even_bounds(2, 5) == [0, 0, 0, 1, 1, 2]
+    for total, parts in [(10, 4), (7, 7), (1001, 3), (3, 8)]:
+        b = even_bounds(total, parts)
+        sizes = [b[i + 1] - b[i] for i in range(parts)]
+        assert sum(sizes) == total and max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        even_bounds(3, 0)
+    assert ring_neighbours(0, 3) == (2, 1)
+    assert ring_neighbours(2, 3) == (1, 0)
+    assert ring_neighbours(0, 1) == (0, 0)
+    with pytest.raises(ValueError, match="not in a ring"):
+        ring_neighbours(3, 3)
+
+
+def _settings(**kw):
+    base = {
+        "ring_min_bytes": 1024,
+        "settled_max_bytes": 4096,
+        "ring_chunk_bytes": 512,
+        "shared_memory": True,
+    }
+    return CollectiveSettings(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "size", "settled", "expect"),
+    [
+        (10**6, 1, False, Algorithm.NONE),
+        (10**6, 1, True, Algorithm.NONE),
+        (100, 2, False, Algorithm.MPI),
+        (1023, 4, False, Algorithm.MPI),
+        (1024, 4, False, Algorithm.RING),
+        (10**6, 2, False, Algorithm.RING),
+        (100, 2, True, Algorithm.SETTLED),  # settled: blocking even when small
+        (4095, 3, True, Algorithm.SETTLED),
+        (4096, 3, True, Algorithm.RING),  # too large for blocking calls
+    ],
+)
+def test_the_dispatch_chooses_by_size_and_arrival(nbytes, size, settled, expect):
+    got = choose_allreduce(nbytes, size, settled=settled, settings=_settings())
+    assert got is expect
+
+
+def test_collective_settings_come_from_the_registry_and_are_checked(monkeypatch):
+    monkeypatch.delenv("HYBRIDAGG_RING_MIN_BYTES", raising=False)
+    monkeypatch.setenv("HYBRIDAGG_RING_CHUNK_BYTES", "4096")
+    monkeypatch.setenv("HYBRIDAGG_SHM_REDUCE", "0")
+    s = CollectiveSettings.from_env()
+    assert s.ring_min_bytes == 2**20 and s.ring_chunk_bytes == 4096
+    assert s.shared_memory is False
+    with pytest.raises(ValueError, match="HYBRIDAGG_RING_CHUNK_BYTES must be positive"):
+        _settings(ring_chunk_bytes=0)
+    with pytest.raises(ValueError, match="ring_min_bytes must be an integer >= 0"):
+        _settings(ring_min_bytes=-1)

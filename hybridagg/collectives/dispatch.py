@@ -1,0 +1,151 @@
+"""One dispatch: which algorithm sums a buffer, and the counters it keeps.
+
+:func:`choose_allreduce` is the only reader of the size thresholds
+(:class:`~hybridagg.collectives.CollectiveSettings`); :class:`Collectives`
+owns, per communicator, the sequence number of the pipelined rings, the
+progress counter that polled waits watch, and the scratch pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+
+import numpy as np
+import torch
+
+from ..comm import Comm, ScratchPool
+from .mean import mean_allreduce
+from .ring import RingAllreduce, settled_allreduce
+from .settings import CollectiveSettings
+
+__all__ = ["Algorithm", "Collectives", "choose_allreduce"]
+
+
+class Algorithm(Enum):
+    """How a sum all-reduce of a CPU buffer is carried out."""
+
+    NONE = "none"
+    """One rank: nothing to do."""
+    MPI = "mpi"
+    """``MPI_Iallreduce``, polled."""
+    RING = "ring"
+    """The pipelined ring of non-blocking messages, polled."""
+    SETTLED = "settled"
+    """A ring of blocking ``MPI_Sendrecv`` calls: every rank has arrived."""
+
+
+def choose_allreduce(
+    nbytes: int, size: int, *, settled: bool, settings: CollectiveSettings
+) -> Algorithm:
+    """The algorithm for a sum all-reduce of ``nbytes`` over ``size`` ranks.
+
+    Pure logic: every rank passing the same arguments gets the same answer.
+
+    Args:
+        nbytes: The buffer's size.
+        size: The communicator's size.
+        settled: Every rank is known to have arrived (the caller saw a
+            collective complete that each rank posted just before), so
+            blocking calls cannot spin long on a late peer.
+        settings: The thresholds.
+    """
+    if size == 1:
+        return Algorithm.NONE
+    if settled and nbytes < settings.settled_max_bytes:
+        return Algorithm.SETTLED
+    if nbytes >= settings.ring_min_bytes:
+        return Algorithm.RING
+    return Algorithm.MPI
+
+
+class Collectives:
+    """Sum all-reduces of CPU tensors over one communicator, by the best algorithm.
+
+    Args:
+        comm: The communicator; every rank of it makes the same calls in the
+            same order.
+        settings: Thresholds (default: from the environment).
+    """
+
+    def __init__(self, comm: Comm, settings: CollectiveSettings | None = None) -> None:
+        self.comm = comm
+        self.settings = CollectiveSettings.from_env() if settings is None else settings
+        self.scratch = ScratchPool()
+        self.events = 0
+        """Stages completed by multi-stage operations: polled waits watch it."""
+        self._rings = 0
+
+    def _stage_done(self) -> None:
+        self.events += 1
+
+    def start_allreduce(
+        self, x: torch.Tensor, *, settled: bool = False
+    ) -> Callable[[], bool]:
+        """Post an in-place sum all-reduce of a contiguous CPU tensor.
+
+        Every rank must pass the same size and ``settled``.
+
+        Args:
+            x: Reduced in place.
+            settled: See :func:`choose_allreduce`; a settled reduction is
+                carried out before this returns.
+
+        Returns:
+            Its ``test()``: drives progress, true once complete.
+        """
+        nbytes = x.numel() * x.element_size()
+        algorithm = choose_allreduce(
+            nbytes, self.comm.size, settled=settled, settings=self.settings
+        )
+        if algorithm is Algorithm.NONE:
+            return lambda: True
+        if algorithm is Algorithm.SETTLED:
+            settled_allreduce(self.comm, x, self.scratch)
+            self._stage_done()
+            return lambda: True
+        if algorithm is Algorithm.RING:
+            ring = RingAllreduce(
+                self.comm,
+                x,
+                self._rings,
+                self.settings.ring_chunk_bytes,
+                self.scratch,
+                self._stage_done,
+            )
+            self._rings += 1
+            return ring.test
+        return self.comm.Iallreduce(x).Test
+
+    def allreduce(self, x: torch.Tensor, *, what: str = "allreduce") -> torch.Tensor:
+        """Sum a contiguous CPU tensor in place over every rank (polled); returns it.
+
+        Nothing is left to overlap, so when the size suits the blocking ring
+        every rank first meets in a polled barrier, after which the ring is
+        settled.
+        """
+        if self.comm.size == 1:
+            return x
+        nbytes = x.numel() * x.element_size()
+        s = self.settings
+        settled = s.ring_min_bytes <= nbytes < s.settled_max_bytes
+        if settled:
+            self.comm.barrier(what=what)
+        test = self.start_allreduce(x, settled=settled)
+        self.comm.wait_for(test, what, activity=lambda: self.events)
+        return x
+
+    def mean_allreduce(
+        self,
+        x: torch.Tensor,
+        header: np.ndarray,
+        *,
+        what: str = "mean all-reduce",
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """:func:`~hybridagg.collectives.mean_allreduce` with this pool and counter."""
+        total = mean_allreduce(
+            self.comm, x, header, self.scratch, what=what, timeout=timeout
+        )
+        self._stage_done()
+        return total

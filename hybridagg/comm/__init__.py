@@ -1,0 +1,37 @@
+"""How hybridagg talks to MPI: a communicator wrapper, polled waits, buffers.
+
+Three rules live here so no other module has to remember them:
+
+* **Never block inside MPI.** Every operation is posted non-blocking and
+  completed through :func:`wait_until` (a short spin, then a back-off
+  proportional to the time already waited); every wait has a timeout and
+  raises :class:`CommTimeoutError` naming the operation and peer.
+* **No copies.** Contiguous CPU tensors and numpy arrays are handed to MPI as
+  buffers over their own memory (:func:`as_buffer`).
+* **No hangs on errors.** :meth:`Comm.check` turns an error on one rank into
+  the same error on every rank; :func:`install_abort_hook` turns an unhandled
+  exception into ``MPI_Abort`` with the rank and reason.
+
+Algorithms (rings, shared memory, which one for which size) live one layer
+up, in :mod:`hybridagg.collectives`.
+"""
+
+from .buffers import ScratchPool, alloc, as_buffer, mpi_dtype
+from .communicator import Comm, RemoteError
+from .process import configure_threads, install_abort_hook
+from .waits import CommTimeoutError, default_timeout, wait, wait_until
+
+__all__ = [
+    "Comm",
+    "CommTimeoutError",
+    "RemoteError",
+    "ScratchPool",
+    "alloc",
+    "as_buffer",
+    "configure_threads",
+    "default_timeout",
+    "install_abort_hook",
+    "mpi_dtype",
+    "wait",
+    "wait_until",
+]

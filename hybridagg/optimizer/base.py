@@ -1,0 +1,426 @@
+"""``DistributedOptimizer``: the base class and factory of hybridagg's optimizers.
+
+::
+
+    topo = hybridagg.init(groups="0-1,2-3")
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        model.named_parameters(), topo, mode="sync", model=model)
+
+Like Horovod's ``DistributedOptimizer``, calling it picks the
+implementation: :class:`~hybridagg.optimizer.sync.SyncOptimizer` for
+``mode="sync"`` and :class:`~hybridagg.optimizer.server.ServerOptimizer`
+for ``"hybrid"`` and ``"async"``; both are subclasses, so
+``isinstance(opt, hybridagg.DistributedOptimizer)`` holds. This class holds
+what they share: the wrapped optimizer's interface, the gradient reducer
+and its side channel, and the queries whose answer differs by mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import ClassVar
+
+import torch
+
+from ..collectives import CollectiveSettings
+from ..comm import Comm
+from ..modes import check_mode
+from ..ps.compensation import Compensation
+from ..reduce import DEFAULT_BUCKET_BYTES, SHARE_SLOTS, GradientReducer
+from ..topology import Topology, default_topology
+from .backends import BACKENDS, build_transports
+
+__all__ = ["DistributedOptimizer"]
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wrap a ``torch.optim`` optimizer so each step aggregates across ranks.
+
+    Args:
+        optimizer: Any ``torch.optim.Optimizer`` over the model's parameters.
+        named_parameters: ``model.named_parameters()`` (default: from ``model``).
+        topology: From :func:`hybridagg.init` (default: ``init()``).
+        mode: ``"sync"``, ``"hybrid"`` or ``"async"``: chooses the class.
+        model: The module; when given, its floating buffers are averaged
+            (sync) or kept by the servers (hybrid, async) too.
+        bucket_mb: Fused bucket size in MiB (default 25, like DDP).
+        allreduce_backend: ``"mpi"``, ``"torch"`` (NCCL on CUDA, gloo on CPU),
+            ``"horovod"``, or ``"auto"`` (``"torch"`` for CUDA parameters,
+            else ``"mpi"``).
+        compensation: The learning-rate rule
+            (:class:`~hybridagg.ps.compensation.Compensation`): linear
+            scaling by the update's samples with warm-up, and staleness
+            damping, and optionally the momentum lookahead of the servers'
+            replies. Default: no scaling (the rate as given), damping
+            ``1 / (1 + staleness)`` in hybrid and async, no lookahead
+            (``hybridagg train`` turns it on).
+        staleness_bound: Hybrid/async: SSP bound ``s`` in a group's own
+            updates (``None``: groups never wait for each other).
+        max_updates: Hybrid/async: server version after which
+            :attr:`should_stop` turns true on every worker.
+        overlap: Hybrid/async: overlap the leader's exchange with the
+            group's next step (each update then at least one version stale).
+        server_batching: Hybrid/async: server 0 sizes each group's batch
+            from the times leaders :meth:`report` (OmniLearn's controller,
+            :mod:`hybridagg.batching`); the advice arrives as
+            :attr:`batch_advice`. Keys: ``initial`` (each group's batch),
+            ``deadband``, ``smoothing``, ``window``, ``min_batch``,
+            ``max_group_batch``.
+
+    Raises:
+        TypeError: ``optimizer`` or ``topology`` is of the wrong kind.
+        ValueError: Unknown mode or backend, a mode that does not fit the
+            topology, or parameters or settings that differ across ranks
+            (on every rank).
+    """
+
+    _IMPLEMENTATIONS: ClassVar[dict[str, type[DistributedOptimizer]]] = {}
+
+    def __init_subclass__(cls, modes: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for mode in modes:
+            DistributedOptimizer._IMPLEMENTATIONS[mode] = cls
+
+    def __new__(cls, *args, mode: str = "sync", **kwargs):
+        if cls is DistributedOptimizer:
+            check_mode(mode, servers=None)
+            cls = DistributedOptimizer._IMPLEMENTATIONS[mode]
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+        topology: Topology | None = None,
+        *,
+        mode: str = "sync",
+        model: torch.nn.Module | None = None,
+        bucket_mb: float = DEFAULT_BUCKET_BYTES / 2**20,
+        allreduce_backend: str = "auto",
+        compensation: Compensation | None = None,
+        staleness_bound: int | None = None,
+        max_updates: int | None = None,
+        overlap: bool = False,
+        server_batching: dict | None = None,
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
+            )
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("optimizer is already a DistributedOptimizer")
+        if allreduce_backend not in BACKENDS:
+            raise ValueError(
+                f"allreduce_backend must be one of {BACKENDS}, got {allreduce_backend!r}"
+            )
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        if compensation is not None and not isinstance(compensation, Compensation):
+            raise TypeError("compensation must be a hybridagg.ps.Compensation")
+        topo = default_topology(topology)
+        if named_parameters is None:
+            if model is None:
+                raise ValueError("pass named_parameters or model")
+            named_parameters = model.named_parameters()
+        named = list(named_parameters)
+        if not all(
+            isinstance(n, str) and isinstance(p, torch.Tensor) for n, p in named
+        ):
+            raise TypeError("named_parameters must yield (name, tensor) pairs")
+        if topo.is_server:
+            raise ValueError(
+                f"rank {topo.rank} is a parameter server; DistributedOptimizer runs on workers"
+            )
+        check_mode(
+            mode,
+            servers=len(topo.servers),
+            singleton_groups=all(len(g) == 1 for g in topo.groups),
+            groups=f"the topology has groups {[list(g) for g in topo.groups]}",
+        )
+        self._setup_optimizer_attrs(optimizer)
+        self.topology, self.mode, self.model = topo, mode, model
+        self.compensation = compensation or Compensation()
+        settings = CollectiveSettings.from_env()
+        self._control = self._scope(topo).dup("control")
+        _check_agreement(named, settings, self._control)
+        backend = allreduce_backend
+        if backend == "auto":
+            backend = "torch" if any(p.is_cuda for _, p in named) else "mpi"
+        self.allreduce_backend = backend
+        hierarchical = self._hierarchical(topo)
+        self._transports = build_transports(
+            backend, topo, any(p.is_cuda for _, p in named), hierarchical, settings
+        )
+        t = self._transports
+        self._reducer = GradientReducer(
+            named,
+            t.group,
+            self._control,
+            cross=t.cross,
+            bcast=t.bcast,
+            hierarchical=hierarchical,
+            bucket_bytes=int(bucket_mb * 2**20),
+            settings=settings,
+        )
+        self._buffers = [
+            b for b in (model.buffers() if model else []) if b.is_floating_point()
+        ]
+        self._synced = False
+        self.last_total_samples = 0.0
+        self.updates = 0
+
+    # --- what the implementations decide ---------------------------------------
+    def _scope(self, topo: Topology) -> Comm:
+        """The ranks whose gradients one update sums."""
+        raise NotImplementedError
+
+    def _hierarchical(self, topo: Topology) -> bool:
+        """Whether the reduction goes group, leaders, group."""
+        return False
+
+    def _apply(self, total: float) -> None:
+        """Update the weights from the reduced gradients of ``total`` samples."""
+        raise NotImplementedError
+
+    # --- wiring --------------------------------------------------------------
+    def _setup_optimizer_attrs(self, optimizer: torch.optim.Optimizer) -> None:
+        # Share, not copy: schedulers and users edit param_groups in place.
+        self.optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        for hooks in (
+            "_optimizer_step_pre_hooks",
+            "_optimizer_step_post_hooks",
+            "_optimizer_state_dict_pre_hooks",
+            "_optimizer_state_dict_post_hooks",
+            "_optimizer_load_state_dict_pre_hooks",
+            "_optimizer_load_state_dict_post_hooks",
+        ):
+            setattr(self, hooks, OrderedDict())
+
+    # --- the optimizer interface ---------------------------------------------
+    def set_samples(self, n: int | float) -> None:
+        """Set this rank's sample count for the next backward (persists).
+
+        Gradients are weighted by it, so ranks with different batch sizes give
+        the gradient of the union batch. A rank with ``n=0`` may skip forward
+        and backward and call :meth:`step` directly; it still takes part.
+
+        Raises:
+            ValueError: ``n`` is negative or not a number.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not n >= 0:
+            raise ValueError(f"samples must be a number >= 0, got {n!r}")
+        self._reducer.samples = float(n)
+
+    @property
+    def samples(self) -> float:
+        """This rank's current sample count."""
+        return self._reducer.samples
+
+    def synchronize(self) -> float:
+        """Finish reducing gradients (collective); ``.grad`` then holds the average.
+
+        Returns:
+            The total sample count of this update over the ranks reduced.
+        """
+        total = self._reducer.synchronize()
+        self.last_total_samples = total
+        self._synced = True
+        return total
+
+    def step(self, closure=None):
+        """Reduce (unless :meth:`synchronize` already did) and update.
+
+        An update whose total sample count is zero changes nothing.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._synced:
+            self.synchronize()
+        self._synced = False
+        self._apply(self.last_total_samples)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (a misuse between ``backward()`` and ``step()``).
+
+        The gradients become zeroed views into the reduction buckets, so the
+        next backward accumulates where the reduction reads, with no copy;
+        ``set_to_none`` is accepted for compatibility. After :meth:`step`, a
+        parameter that no rank computed a gradient for has ``.grad = None``,
+        as it would have without hybridagg.
+        """
+        if self._reducer.note_zero_grad():
+            return  # reported by step() on every rank; buckets may be in flight
+        self._reducer.point_grads_at_buckets()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the next backward outside reduces them."""
+        self._reducer.enabled = False
+        try:
+            yield
+        finally:
+            self._reducer.enabled = True
+
+    def state_dict(self):
+        """The inner optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load into the inner optimizer."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        """Not supported after wrapping: the buckets are fixed at construction."""
+        raise ValueError("add parameter groups before wrapping the optimizer")
+
+    def finish(self, timeout: float | None = None) -> int | None:
+        """End training on this worker; call once on every worker after the last step.
+
+        The gradient reducer detaches and releases its shared memory; the
+        gradients keep their values (in new memory: a tensor that aliased a
+        gradient before, ``g = p.grad``, must not be used afterwards). In
+        hybrid/async mode the leaders also tell the servers they are done,
+        and rank 0 receives the final weights from the servers.
+
+        Returns:
+            On rank 0 in hybrid/async mode the final server version, else ``None``.
+        """
+        self._reducer.close()  # (collective over the group)
+        return None
+
+    # --- side channels -----------------------------------------------------------
+    def share(self, values) -> None:
+        """Send up to ``SHARE_SLOTS`` (4) numbers with the next reduction.
+
+        After the next :meth:`synchronize`, :attr:`shared` holds every rank's
+        values (rows in rank order of the reduction: all workers in sync
+        mode, the group in hybrid/async), at no extra collective: they ride
+        along with the reduction's own small control data. The driver uses
+        this to agree on stopping after a signal and to measure per-rank step
+        times.
+        """
+        vals = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        if vals.numel() > SHARE_SLOTS:
+            raise ValueError(f"share() takes at most {SHARE_SLOTS} values")
+        out = self._reducer.share_out
+        out.zero_()
+        out[: vals.numel()] = vals
+
+    @property
+    def shared(self) -> torch.Tensor:
+        """Every rank's shared values of the last reduction, ``(ranks, SHARE_SLOTS)``."""
+        return self._reducer.shared
+
+    @property
+    def reducer(self) -> GradientReducer:
+        """The gradient reducer (bucket sizes, timings, the last bucket's strategy)."""
+        return self._reducer
+
+    # --- queries whose answer depends on the mode (sync's answers here) ----------
+    def request_stop(self) -> None:
+        """Hybrid/async: ask every group to stop (sent with this group's next push)."""
+
+    def report(self, seconds_per_sample: float) -> None:
+        """Hybrid/async: the group's compute time per sample, sent with each push."""
+
+    @property
+    def server_version(self) -> int:
+        """Hybrid/async: the newest server version this group has seen (sync: updates)."""
+        return self.updates
+
+    @property
+    def batch_advice(self) -> float:
+        """Async adaptive batching: the batch size server 0 advises (0: none)."""
+        return 0.0
+
+    @property
+    def checkpoint_due(self) -> int:
+        """Hybrid/async: the checkpoint the servers asked this group to save now (0: none)."""
+        return 0
+
+    @property
+    def should_stop(self) -> bool:
+        """Hybrid/async: the servers reached ``max_updates`` (same on every worker)."""
+        return False
+
+    @property
+    def last_staleness(self) -> int:
+        """Staleness of this group's last update (0 in sync mode)."""
+        return 0
+
+    def _servers_only(self, what: str):
+        raise ValueError(f"{what}() needs mode='hybrid' or 'async'")
+
+    def checkpointed(self, number: int) -> None:
+        """Hybrid/async: every member of this group saved its part of checkpoint ``number``."""
+        self._servers_only("checkpointed")
+
+    def refresh_from_servers(self) -> None:
+        """Hybrid/async: load the servers' weights into the model (collective in the group)."""
+        self._servers_only("refresh_from_servers")
+
+    def pull_weights(self) -> torch.Tensor:
+        """Hybrid/async, on a group leader: the servers' current flat weights."""
+        return self._servers_only("pull_weights")
+
+    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hybrid/async, on a group leader: the servers' flat weights and buffers."""
+        return self._servers_only("pull_state")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mode={self.mode!r}, {self.optimizer!r})"
+
+
+def _check_agreement(named, settings: CollectiveSettings, control: Comm) -> None:
+    """Check that every rank has the same parameters and collective settings.
+
+    Ranks whose thresholds differ would post different collectives, and
+    ranks whose parameters differ would reduce mismatched buckets: both
+    would hang or corrupt, so they fail here, on every rank, naming the
+    difference.
+    """
+    params = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+    everyone = control.allgather(
+        (params, settings), what="parameter shapes and settings"
+    )
+    first = everyone[0][1]
+    for rank, (_, theirs) in enumerate(everyone):
+        for name, env in _SETTING_NAMES.items():
+            if getattr(theirs, name) != getattr(first, name):
+                raise ValueError(
+                    f"{env} differs between rank 0 ({getattr(first, name)!r}) and "
+                    f"rank {rank} ({getattr(theirs, name)!r}) of the workers; it "
+                    "must be the same on every rank"
+                )
+    shapes = [p for p, _ in everyone]
+    for rank, theirs in enumerate(shapes):
+        if theirs != shapes[0]:
+            diff = next(
+                (
+                    f"{a} vs {b}"
+                    for a, b in zip(shapes[0], theirs, strict=False)
+                    if a != b
+                ),
+                f"{len(shapes[0])} vs {len(theirs)} parameters",
+            )
+            raise ValueError(
+                f"parameters differ between rank 0 and rank {rank} of the "
+                f"workers: {diff}"
+            )
+
+
+# the settings that choose how each bucket is reduced, and their variables
+_SETTING_NAMES = {
+    "ring_min_bytes": "HYBRIDAGG_RING_MIN_BYTES",
+    "settled_max_bytes": "HYBRIDAGG_SETTLED_MAX_BYTES",
+    "ring_chunk_bytes": "HYBRIDAGG_RING_CHUNK_BYTES",
+}

@@ -1,0 +1,110 @@
+"""Hybrid and asynchronous modes: groups reduce inside, leaders meet the servers.
+
+Each group all-reduces its gradients (weighted by sample counts), its
+leader pushes the group's gradient to the sharded parameter servers and
+pulls fresh weights, which it broadcasts in the group
+(:class:`hybridagg.ps.exchange.GroupExchange`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import Comm
+from ..ps.exchange import GroupExchange
+from ..ps.protocol import FLAG_STOP
+from ..topology import Topology
+from .base import DistributedOptimizer
+
+__all__ = ["ServerOptimizer"]
+
+
+class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
+    """``DistributedOptimizer(..., mode="hybrid" | "async")`` (see the base class)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters=None,
+        topology: Topology | None = None,
+        *,
+        staleness_bound: int | None = None,
+        max_updates: int | None = None,
+        overlap: bool = False,
+        server_batching: dict | None = None,
+        **kwargs,
+    ) -> None:
+        _check_positive("staleness_bound", staleness_bound, low=0)
+        _check_positive("max_updates", max_updates, low=1)
+        super().__init__(optimizer, named_parameters, topology, **kwargs)
+        self._exchange = GroupExchange(
+            self.topology,
+            list(self._reducer.params),
+            self._buffers,
+            optimizer,
+            self.compensation,
+            staleness_bound,
+            max_updates,
+            overlap,
+            server_batching,
+        )
+
+    def _scope(self, topo: Topology) -> Comm:
+        return topo.comms.group
+
+    def _apply(self, total: float) -> None:
+        grads = [p.grad for p in self._reducer.params]
+        lrs = [group["lr"] for group in self.param_groups]
+        self._exchange.step(grads, total, lrs)
+        self.updates = self._exchange.updates
+
+    def finish(self, timeout: float | None = None) -> int | None:
+        super().finish(timeout)
+        return self._exchange.finish(timeout)
+
+    def request_stop(self) -> None:
+        self._exchange.stop_flags |= FLAG_STOP
+
+    def report(self, seconds_per_sample: float) -> None:
+        self._exchange.info = float(seconds_per_sample)
+
+    @property
+    def server_version(self) -> int:
+        return self._exchange.version
+
+    @property
+    def batch_advice(self) -> float:
+        return self._exchange.advice
+
+    @property
+    def checkpoint_due(self) -> int:
+        return self._exchange.checkpoint_due
+
+    @property
+    def should_stop(self) -> bool:
+        return self._exchange.should_stop
+
+    @property
+    def last_staleness(self) -> int:
+        return self._exchange.last_staleness
+
+    def checkpointed(self, number: int) -> None:
+        self._exchange.checkpointed(number)
+
+    def refresh_from_servers(self) -> None:
+        self._exchange.refresh()
+        self.updates = self._exchange.updates
+
+    def pull_weights(self) -> torch.Tensor:
+        return self._exchange.pull()
+
+    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._exchange.pull_state()
+
+
+def _check_positive(name: str, value, *, low: int) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < low
+    ):
+        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
