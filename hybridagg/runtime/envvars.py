@@ -12,6 +12,7 @@ marked ``owner`` accordingly, because hybridagg reads them.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -145,19 +146,20 @@ _DECLARED = [
         "HYBRIDAGG_MPIEXEC",
         None,
         "Path of the mpiexec to use for child jobs (tests, benchmarks, "
-        "launch/). Default: the one beside the Python interpreter, then PATH.",
+        "hybridagg-run). Default: the one beside the Python interpreter "
+        "(hybridagg-run: beside python3 on PATH), then PATH.",
     ),
     EnvVar(
         "HYBRIDAGG_LAUNCHER",
         "auto",
-        "launch/hybridagg-run's launcher: auto (srun inside a Slurm allocation, "
+        "hybridagg-run's launcher: auto (srun inside a Slurm allocation, "
         "else mpiexec), srun, or mpiexec (e.g. an MPI without Slurm's PMI "
         "support, which reads the allocation itself).",
     ),
     EnvVar(
         "HYBRIDAGG_SRUN_MPI",
         None,
-        "srun's --mpi plugin for launch/hybridagg-run (pmix, pmi2, none). "
+        "srun's --mpi plugin for hybridagg-run (pmix, pmi2, none). "
         "Default: pmix when 'srun --mpi=list' offers it (Open MPI 5 needs it "
         "to form one job), else the site's MpiDefault.",
     ),
@@ -238,7 +240,7 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_HET_COMPONENT",
         None,
-        "This task's heterogeneous-job component, stated by launch/hybridagg-run "
+        "This task's heterogeneous-job component, stated by hybridagg-run "
         "(srun MPMD ':' syntax, one --export per component); wins over the "
         "SLURM_NTASKS_HET_GROUP_<k> rule.",
     ),
@@ -273,7 +275,7 @@ _DECLARED = [
         None,
         "Open MPI refuses to start as root unless this and "
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM are 1; hybridagg.runtime.runner sets both for "
-        "the jobs it starts.",
+        "the jobs it starts, hybridagg-run for the Open MPI jobs it starts.",
         "openmpi",
     ),
     EnvVar(
@@ -286,7 +288,8 @@ _DECLARED = [
         "PRTE_MCA_rmaps_default_mapping_policy",
         None,
         "Open MPI 5 (PRRTE) mapping policy; ':oversubscribe' allows more ranks "
-        "than cores. Set by hybridagg.runtime.runner when oversubscribing.",
+        "than cores. Set by hybridagg.runtime.runner when oversubscribing, and "
+        "by hybridagg-run for Open MPI 5 unless already set.",
         "openmpi",
     ),
     EnvVar(
@@ -314,14 +317,14 @@ _DECLARED = [
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
 
 
-def _lookup(name: str) -> str | None:
+def _lookup(name: str, environ: Mapping[str, str] | None) -> str | None:
     try:
         var = ENV_VARS[name] if name in ENV_VARS else ENV_VARS[_template_of(name)]
     except KeyError:
         raise KeyError(
             f"environment variable {name!r} is not declared in hybridagg.runtime.envvars"
         ) from None
-    value = os.environ.get(name)
+    value = (os.environ if environ is None else environ).get(name)
     if value is None or value == "":
         return var.default
     return value
@@ -345,18 +348,25 @@ def indexed(template: str, index: int) -> str:
     return template.replace("<k>", str(int(index)))
 
 
-def get_str(name: str) -> str | None:
-    """Return a declared variable's value, or its default."""
-    return _lookup(name)
+def get_str(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Return a declared variable's value, or its default.
+
+    Args:
+        name: A declared name (or an indexed one, see :func:`indexed`).
+        environ: Where to read it (default: this process's environment); the
+            other getters take it too, so that pure functions can decide from
+            an environment they are given.
+    """
+    return _lookup(name, environ)
 
 
-def get_int(name: str) -> int | None:
+def get_int(name: str, environ: Mapping[str, str] | None = None) -> int | None:
     """Return a declared variable as an int (``None`` when unset, no default).
 
     Raises:
         ValueError: The value is not an integer.
     """
-    value = _lookup(name)
+    value = _lookup(name, environ)
     if value is None:
         return None
     try:
@@ -365,13 +375,13 @@ def get_int(name: str) -> int | None:
         raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
-def get_float(name: str) -> float | None:
+def get_float(name: str, environ: Mapping[str, str] | None = None) -> float | None:
     """Return a declared variable as a float (``None`` when unset, no default).
 
     Raises:
         ValueError: The value is not a number.
     """
-    value = _lookup(name)
+    value = _lookup(name, environ)
     if value is None:
         return None
     try:
@@ -380,13 +390,13 @@ def get_float(name: str) -> float | None:
         raise ValueError(f"{name}={value!r} is not a number") from None
 
 
-def get_bool(name: str) -> bool:
+def get_bool(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Return a declared variable as a boolean (1/0, true/false, yes/no, on/off).
 
     Raises:
         ValueError: The value is none of those.
     """
-    value = _lookup(name)
+    value = _lookup(name, environ)
     if value is None:
         return False
     low = value.strip().lower()

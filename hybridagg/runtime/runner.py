@@ -1,10 +1,11 @@
 """Start MPI jobs from Python: find ``mpiexec``, give it the right flags, kill on timeout.
 
-Used by the test harness, the benchmarks and ``hybridagg bench``; ``launch/``
-does the same for shells. Every job runs in a session of its own and carries
-a token in its environment, so that after a timeout every process of the job
-(``mpiexec``, its daemons, the ranks) can be found and killed: none is left
-behind.
+Used by the test harness, the benchmarks and ``hybridagg bench``;
+``hybridagg.launcher`` (``hybridagg-run``) reuses its launcher identification,
+Open MPI flags and run-as-root consent. Every job runs in a session of its
+own and carries a token in its environment, so that after a timeout every
+process of the job (``mpiexec``, its daemons, the ranks) can be found and
+killed: none is left behind.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ __all__ = [
     "MpiexecInfo",
     "RunResult",
     "find_mpiexec",
+    "identify_mpiexec",
     "mpiexec_argv",
     "mpiexec_env",
+    "mpiexec_flags",
     "mpiexec_info",
+    "mpiexec_version",
     "processes_with_token",
+    "root_consent_env",
     "run_job",
 ]
 
@@ -92,17 +97,30 @@ def find_mpiexec() -> str:
     )
 
 
-@functools.lru_cache(maxsize=8)
-def mpiexec_info(path: str | None = None) -> MpiexecInfo:
-    """Identify the launcher at ``path`` (default :func:`find_mpiexec`)."""
-    path = path or find_mpiexec()
+def mpiexec_version(path: str) -> str:
+    """Return what ``path --version`` prints (stdout, then stderr).
+
+    An empty string when it cannot be run or takes more than 30 seconds.
+    """
     try:
         out = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=30
         )
-        text = out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired):
-        text = ""
+        return ""
+    return out.stdout + out.stderr
+
+
+def identify_mpiexec(path: str, text: str) -> MpiexecInfo:
+    """Tell the launcher's flavour from what its ``--version`` printed.
+
+    Open MPI (or OpenRTE) with the first ``N.M...`` number as its major
+    version; MPICH's Hydra (also Intel MPI); else unknown.
+
+    Args:
+        path: The launcher's path (copied into the result).
+        text: Its ``--version`` output (see :func:`mpiexec_version`).
+    """
     if "Open MPI" in text or "OpenRTE" in text:
         major = 0
         for token in text.replace("(", " ").replace(")", " ").split():
@@ -113,6 +131,25 @@ def mpiexec_info(path: str | None = None) -> MpiexecInfo:
     if "HYDRA" in text or "Intel(R) MPI" in text or "MPICH" in text:
         return MpiexecInfo(path, "mpich")
     return MpiexecInfo(path, "unknown")
+
+
+@functools.lru_cache(maxsize=8)
+def mpiexec_info(path: str | None = None) -> MpiexecInfo:
+    """Identify the launcher at ``path`` (default :func:`find_mpiexec`)."""
+    path = path or find_mpiexec()
+    return identify_mpiexec(path, mpiexec_version(path))
+
+
+def mpiexec_flags(info: MpiexecInfo, *, oversubscribe: bool = True) -> list[str]:
+    """Return the flags this launcher needs for ranks that share cores.
+
+    Open MPI gets ``--oversubscribe`` (when asked) and ``--bind-to none``,
+    since ranks that share cores must not be pinned to the same one. Hydra
+    (and an unknown launcher) gets none.
+    """
+    if info.flavor != "openmpi":
+        return []
+    return (["--oversubscribe"] if oversubscribe else []) + ["--bind-to", "none"]
 
 
 def mpiexec_argv(
@@ -138,10 +175,7 @@ def mpiexec_argv(
         raise ValueError("command is empty")
     info = mpiexec_info(mpiexec)
     argv = [info.path, "-n", str(nranks)]
-    if info.flavor == "openmpi":
-        if oversubscribe:
-            argv.append("--oversubscribe")
-        argv += ["--bind-to", "none"]
+    argv += mpiexec_flags(info, oversubscribe=oversubscribe)
     argv += list(extra or [])
     return argv + list(command)
 
@@ -165,13 +199,28 @@ def mpiexec_env(
         for k, v in (os.environ if base is None else base).items()
         if not k.startswith(_ENCLOSING_JOB_PREFIXES)
     }
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env.update(root_consent_env())
     if oversubscribe:
         env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env.setdefault("OMPI_MCA_osc", "^ucx")
     return env
+
+
+def root_consent_env(euid: int | None = None) -> dict[str, str]:
+    """Return Open MPI's run-as-root consent variables when running as root.
+
+    Args:
+        euid: The effective user id (default: this process's).
+
+    Returns:
+        ``OMPI_ALLOW_RUN_AS_ROOT`` and ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM`` set to
+        ``"1"`` for root, else an empty dict.
+    """
+    if euid is None:
+        euid = os.geteuid() if hasattr(os, "geteuid") else -1
+    if euid != 0:
+        return {}
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 # Variables an enclosing launcher gave this process; a child job started from
