@@ -33,8 +33,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import numpy
     import torch
 
-    from . import __version__
     from .runtime import runner
+    from .version import __version__
 
     try:
         launcher = runner.mpiexec_info()

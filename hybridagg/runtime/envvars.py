@@ -69,9 +69,8 @@ _DECLARED = [
         "500",
         "Back-off cap of a parameter server waiting for the next message "
         "(lower than HYBRIDAGG_POLL_MAX_SLEEP_US, which still bounds it): the "
-        "server's reaction time adds to every push's round trip. An idle "
-        "server then wakes up to 2,000 times a second (about 6% of a core on "
-        "a 2-core VM, bench/RESULTS.md).",
+        "server's reaction time adds to every push's round trip, while an "
+        "idle server wakes up more often (its cost: bench/RESULTS.md).",
     ),
     EnvVar(
         "HYBRIDAGG_RING_MIN_BYTES",
@@ -91,15 +90,14 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_SETTLED_MAX_BYTES",
         "33554432",
-        "The gradient bucket that completes last in backward (nothing is "
-        "left to overlap) is reduced in synchronize(), in flat mode below "
-        "this size together with the control vector (in shared memory, see "
-        "HYBRIDAGG_SHM_REDUCE, or by hybridagg.ring.mean_allreduce), above "
-        "it after the control all-reduce by the pipelined ring. Comm.allreduce "
-        "of at least HYBRIDAGG_RING_MIN_BYTES and below this size takes a "
-        "ring of blocking MPI_Sendrecv calls after a polled barrier, which "
-        "beat the polled ring, MPI_Iallreduce and MPI_Allreduce up to 16 MiB "
-        "here (0: never). "
+        "A sum all-reduce that every rank is known to have reached "
+        "(settled) and that is below this size takes a ring of blocking "
+        "MPI_Sendrecv calls (0: never). The gradient bucket that completes "
+        "last in backward (nothing is left to overlap) is reduced in "
+        "synchronize(): in flat mode from HYBRIDAGG_RING_MIN_BYTES up to "
+        "below this size together with the control vector (in shared memory, "
+        "see HYBRIDAGG_SHM_REDUCE, or by hybridagg.collectives.mean_allreduce), "
+        "above it after the control all-reduce as a settled all-reduce. "
         "Must be the same on every rank (DistributedOptimizer checks).",
     ),
     EnvVar(
@@ -108,7 +106,8 @@ _DECLARED = [
         "1: when every rank of a flat reduction shares a node, the last "
         "gradient bucket (below HYBRIDAGG_SETTLED_MAX_BYTES) lives in an MPI "
         "shared-memory window and is reduced with loads and stores "
-        "(hybridagg.shm), without messages, and a small one (at most 128 KiB) "
+        "(hybridagg.collectives.shm), without messages, and a small one (at "
+        "most 128 KiB) "
         "is staged there with the step's control vector and reduced by every "
         "rank after one flag wait; 0: always through MPI messages. "
         "Used only when every rank of the group says 1 and /dev/shm has room "
