@@ -383,14 +383,20 @@ def test_runs_one_job_with_the_bundled_mpiexec(tmp_path):
 
 
 def test_installed_console_script_runs_help():
-    """The ``hybridagg-run`` on PATH, when it is the console script (after a
-    reinstall: an environment installed before it still has the bash script)."""
-    path = shutil.which("hybridagg-run")
-    if path is None or "hybridagg.launcher" not in Path(path).read_text(
-        errors="replace"
-    ):
-        pytest.skip("hybridagg-run on PATH is not the console script (reinstall)")
-    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    """The ``hybridagg-run`` installed beside this Python is the console script.
+
+    ``make install`` puts it in the venv's ``bin`` (pip writes console
+    scripts there); it must run without a shell script behind it.
+    """
+    path = Path(sys.executable).parent / "hybridagg-run"
+    if not path.exists():
+        pytest.skip(f"hybridagg is not installed beside {sys.executable}")
+    assert "hybridagg.launcher" in path.read_text(errors="replace"), (
+        f"{path} is not the console script: reinstall (make install)"
+    )
+    out = subprocess.run(
+        [str(path), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "hybridagg-run [options] [--] CMD [ARGS...]" in out.stdout
 

@@ -42,9 +42,10 @@ def default_timeout() -> float:
 
 
 def _poll_params() -> tuple[float, float]:
-    spin = envvars.get_float("HYBRIDAGG_POLL_SPIN_US") or 0.0
-    cap = envvars.get_float("HYBRIDAGG_POLL_MAX_SLEEP_US") or 2000.0
-    return spin * 1e-6, max(cap, 1.0) * 1e-6
+    # (the defaults live in the registry)
+    spin = envvars.get_float("HYBRIDAGG_POLL_SPIN_US")
+    cap = envvars.get_float("HYBRIDAGG_POLL_MAX_SLEEP_US")
+    return max(spin, 0.0) * 1e-6, max(cap, 1.0) * 1e-6
 
 
 def _reduce_timer_slack() -> None:
