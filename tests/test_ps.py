@@ -655,3 +655,30 @@ def test_a_leader_silent_after_an_overlapped_push_does_not_hold_the_others():
             time.sleep(0.5)  # no MPI call: the reply to this push waits
         workers.wait(workers.mpi.Ibarrier(), "silent leader done")
     opt.finish()
+
+
+@pytest.mark.mpi(ranks=3, timeout=120)
+def test_a_group_averages_its_buffers_before_the_push():
+    """BatchNorm statistics: the group's mean goes to the servers, as in sync mode."""
+    import hybridagg
+
+    topo = hybridagg.init(groups="0-1", servers=1)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        topology=topo,
+        mode="hybrid",
+    )
+    opt.zero_grad()
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(topo.rank)) * 3
+    model(x + 5 * topo.rank).sum().backward()
+    mine = [model[1].running_mean.clone()]
+    everyone = [m for (m,) in topo.comms.workers.allgather(mine)]
+    opt.step()
+    torch.testing.assert_close(model[1].running_mean, sum(everyone) / 2)
+    opt.finish()

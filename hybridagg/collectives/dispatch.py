@@ -62,6 +62,10 @@ def choose_allreduce(
 class Collectives:
     """Sum all-reduces of CPU tensors over one communicator, by the best algorithm.
 
+    Create one per communicator: the rings' tags carry this object's
+    sequence number, so two of them with rings in flight on one
+    communicator could match each other's messages.
+
     Args:
         comm: The communicator; every rank of it makes the same calls in the
             same order.

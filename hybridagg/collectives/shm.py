@@ -141,7 +141,7 @@ class SharedBucket:
     ) -> np.ndarray:
         """Replace every rank's bucket by the weighted mean; sum the headers.
 
-        The same contract as :func:`hybridagg.ring.mean_allreduce`: rank
+        The same contract as :func:`~hybridagg.collectives.mean_allreduce`: rank
         ``i`` weighs ``header_i[0]`` (a rank with weight 0 must hold zeros;
         if every weight is 0 the zeros stay), and the result is the sum of
         the headers, whose first entry, the total weight, is added up in

@@ -12,6 +12,7 @@ is not decided here but in :mod:`hybridagg.collectives`.
 from __future__ import annotations
 
 import builtins
+import numbers
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -243,7 +244,7 @@ class Comm:
 
     def recv(self, source: int, tag: int = 0, *, what: str = "") -> Any:
         """Receive a picklable object sent with :meth:`isend` (polled)."""
-        if not isinstance(source, int) or isinstance(source, bool):
+        if not isinstance(source, numbers.Integral) or isinstance(source, bool):
             raise TypeError(
                 f"Comm.recv takes a source rank, got {type(source).__name__} "
                 "(use Comm.Irecv to receive into a buffer)"

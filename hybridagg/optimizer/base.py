@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from ..collectives import CollectiveSettings
+from ..collectives import Collectives, CollectiveSettings
 from ..comm import Comm
 from ..modes import check_mode
 from ..ps.compensation import Compensation
@@ -44,8 +44,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         named_parameters: ``model.named_parameters()`` (default: from ``model``).
         topology: From :func:`hybridagg.init` (default: ``init()``).
         mode: ``"sync"``, ``"hybrid"`` or ``"async"``: chooses the class.
-        model: The module; when given, its floating buffers are averaged
-            (sync) or kept by the servers (hybrid, async) too.
+        model: The module; when given, its floating buffers (BatchNorm
+            statistics) are averaged over the ranks of each reduction, and
+            in hybrid and async mode travel to the servers with the weights.
         bucket_mb: Fused bucket size in MiB (default 25, like DDP).
         allreduce_backend: ``"mpi"``, ``"torch"`` (NCCL on CUDA, gloo on CPU),
             ``"horovod"``, or ``"auto"`` (``"torch"`` for CUDA parameters,
@@ -143,8 +144,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._setup_optimizer_attrs(optimizer)
         self.topology, self.mode, self.model = topo, mode, model
         self.compensation = compensation or Compensation()
-        settings = CollectiveSettings.from_env()
+        settings, error = None, None
+        try:
+            settings = CollectiveSettings.from_env()
+        except ValueError as exc:  # (one rank's bad value: an error on every rank)
+            error = exc
         self._control = self._scope(topo).dup("control")
+        self._control.check(error, what="collective settings")
         _check_agreement(named, settings, self._control)
         backend = allreduce_backend
         if backend == "auto":
@@ -168,6 +174,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buffers = [
             b for b in (model.buffers() if model else []) if b.is_floating_point()
         ]
+        # buffers are averaged over the same ranks as the gradients
+        self._buffer_collectives = Collectives(self._control, settings)
         self._synced = False
         self.last_total_samples = 0.0
         self.updates = 0
@@ -230,8 +238,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         total = self._reducer.synchronize()
         self.last_total_samples = total
+        if self._buffers:
+            self._average_buffers()
         self._synced = True
         return total
+
+    def _average_buffers(self) -> None:
+        """Average the floating buffers (BatchNorm statistics), equal weights."""
+        flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in self._buffers])
+        self._buffer_collectives.allreduce(flat, what="buffer average")
+        flat /= self._control.size
+        offset = 0
+        for b in self._buffers:
+            n = b.numel()
+            b.copy_(flat[offset : offset + n].view_as(b))
+            offset += n
 
     def step(self, closure=None):
         """Reduce (unless :meth:`synchronize` already did) and update.
@@ -295,6 +316,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             On rank 0 in hybrid/async mode the final server version, else ``None``.
         """
         self._reducer.close()  # (collective over the group)
+        self._transports.free()
         return None
 
     # --- side channels -----------------------------------------------------------

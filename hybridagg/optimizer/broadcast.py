@@ -6,6 +6,7 @@ import torch
 
 from ..comm import Comm
 from ..topology import Topology, default_topology
+from .base import DistributedOptimizer
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -55,7 +56,11 @@ def broadcast_optimizer_state(
     inner optimizer's state is copied.
     """
     comm = _workers_comm(topology)
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = (
+        optimizer.optimizer
+        if isinstance(optimizer, DistributedOptimizer)
+        else optimizer
+    )
     state = comm.bcast(
         inner.state_dict() if comm.rank == root_rank else None, root_rank
     )

@@ -11,8 +11,6 @@ with equal weights.
 
 from __future__ import annotations
 
-import torch
-
 from ..comm import Comm
 from ..topology import Topology
 from .base import DistributedOptimizer
@@ -28,22 +26,6 @@ class SyncOptimizer(DistributedOptimizer, modes=("sync",)):
 
     def _hierarchical(self, topo: Topology) -> bool:
         return topo.num_groups > 1
-
-    def synchronize(self) -> float:
-        total = super().synchronize()
-        if self._buffers:
-            self._average_buffers()
-        return total
-
-    def _average_buffers(self) -> None:
-        flat = torch.cat([b.detach().reshape(-1).double().cpu() for b in self._buffers])
-        self._control.Allreduce(flat, what="buffer average")
-        flat /= self._control.size
-        offset = 0
-        for b in self._buffers:
-            n = b.numel()
-            b.copy_(flat[offset : offset + n].view_as(b))
-            offset += n
 
     def _apply(self, total: float) -> None:
         if total <= 0:

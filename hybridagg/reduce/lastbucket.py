@@ -164,9 +164,11 @@ class LastBucket:
         """Whether :meth:`GradientReducer.progress` may post it now."""
         return True
 
-    def post(self, transport: Transport, flat: torch.Tensor) -> Callable[[], bool]:
-        """Post the bucket's first stage."""
-        return transport.start_allreduce(flat)
+    def post(
+        self, r: GradientReducer, stage: str, transport: Transport
+    ) -> Callable[[], bool]:
+        """Post the bucket's first stage, as the reducer posts any bucket's."""
+        return r.start_stage(stage, transport, r.buckets[-1])
 
     def reduce(
         self, r: GradientReducer, ctrl: np.ndarray, what: str, activity
@@ -219,8 +221,11 @@ class Settled(LastBucket):
     def may_post(self, settling: bool) -> bool:
         return settling
 
-    def post(self, transport: Transport, flat: torch.Tensor) -> Callable[[], bool]:
-        return transport.start_allreduce(flat, settled=True)
+    def post(
+        self, r: GradientReducer, stage: str, transport: Transport
+    ) -> Callable[[], bool]:
+        # (flat reductions only: the one stage is the group's all-reduce)
+        return transport.start_allreduce(r.buckets[-1].flat, settled=True)
 
     def control_arrived(self, r: GradientReducer) -> None:
         if not r.settling:
@@ -268,7 +273,7 @@ class MeanRing(_WithControl):
 
 
 class SharedMean(_WithControl):
-    """The bucket itself lives in the shared window (:class:`SharedBucket`)."""
+    """The bucket itself lives in the shared window (:class:`~hybridagg.collectives.SharedBucket`)."""
 
     kind = LastBucketKind.SHARED_MEAN
 

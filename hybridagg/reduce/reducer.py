@@ -216,7 +216,8 @@ class GradientReducer:
             p.grad = view
 
     # --- progress ------------------------------------------------------------
-    def _start(self, stage: str, transport: Transport, bucket: Bucket):
+    def start_stage(self, stage: str, transport: Transport, bucket: Bucket):
+        """Post one stage (``allreduce``, ``reduce`` or ``bcast``) of ``bucket``."""
         if stage == "allreduce":
             return transport.start_allreduce(bucket.flat)
         if stage == "reduce":
@@ -245,9 +246,9 @@ class GradientReducer:
                 if s == 0 and k == last:
                     if not self.last_bucket.may_post(self.settling):
                         continue
-                    bucket.test = self.last_bucket.post(transport, bucket.flat)
+                    bucket.test = self.last_bucket.post(self, stage, transport)
                 else:
-                    bucket.test = self._start(stage, transport, bucket)
+                    bucket.test = self.start_stage(stage, transport, bucket)
                 if s == 0:
                     bucket.posted_at = time.perf_counter()
                 self._next[s] += 1
@@ -282,6 +283,10 @@ class GradientReducer:
         Returns:
             The total sample count of the update (0: nobody had samples).
         """
+        if self._closed:
+            raise ValueError(
+                "the gradient reducer was closed by finish(); no step may follow"
+            )
         start = time.perf_counter()
         if not self._fired and self.samples != 0 and self._misuse == 0:
             self._misuse = Misuse.NO_BACKWARD
