@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,15 +19,9 @@ import numpy as np
 import torch
 
 from .format import SplitInfo, inspect_split, open_file
-from .pipeline import (
-    STOP,
-    Job,
-    LoaderStats,
-    Prefetcher,
-    close_prefetcher,
-    generate,
-)
+from .pipeline import Job, generate
 from .position import DynamicTrack, counter_pieces, merge_states, snapshot
+from .readahead import STOP, ReadAhead, read_ahead_threads
 from .reader import SplitReader, mpio_available
 from .shares import (
     EpochPlan,
@@ -38,6 +31,7 @@ from .shares import (
     resplit_static,
     split_static,
 )
+from .stats import LoaderStats
 
 __all__ = [
     "HDF5Loader",
@@ -193,8 +187,7 @@ class HDF5Loader:
         num_classes: int | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._state: dict = {}
-        self._finalizer = weakref.finalize(self, close_prefetcher, self._state)
+        self._readahead: ReadAhead | None = None
         self.comm = _as_comm(comm)
         self.rank = self.comm.rank if self.comm else 0
         self.size = self.comm.size if self.comm else 1
@@ -386,7 +379,15 @@ class HDF5Loader:
         needs_mpi = self.comm is not None and (
             driver == "mpio" or self.shares == "dynamic"
         )
-        self.threaded = self.prefetch > 0 and (self.thread_mpi or not needs_mpi)
+        self.threaded = read_ahead_threads(
+            self.prefetch, thread_multiple=self.thread_mpi, reader_calls_mpi=needs_mpi
+        )
+        self._readahead = ReadAhead(
+            threaded=self.threaded,
+            depth=self.prefetch,
+            timeout=self.timeout,
+            name=f"hybridagg-data-{self.rank}",
+        )
         self._file_comm = None
         err: BaseException | None = None
         try:
@@ -596,13 +597,7 @@ class HDF5Loader:
                 if self.device.type != "cpu":
                     x = x.to(self.device, non_blocking=True)
                     y = y.to(self.device, non_blocking=True)
-                wait = time.perf_counter() - t0
-                st = self.stats
-                st.wait_seconds += wait
-                st.last_wait = wait
-                st.max_wait = max(st.max_wait, wait)
-                st.batches += 1
-                st.samples += len(y)
+                self.stats.record_batch(time.perf_counter() - t0, len(y))
                 self._consumed += len(y)
                 self._steps_done += 1
                 yield x, y
@@ -672,30 +667,14 @@ class HDF5Loader:
         self._active = False
 
     def _start_reader(self) -> None:
-        gen = generate(self._job(), read_ahead=self.threaded)
-        if self.threaded:
-            pf = Prefetcher(
-                gen, self.prefetch, self.timeout, name=f"hybridagg-data-{self.rank}"
-            )
-            self._state["prefetcher"] = pf
-        else:
-            self._state["inline"] = gen
+        self._readahead.start(generate(self._job(), read_ahead=self.threaded))
 
     def _stop_reader(self) -> None:
-        close_prefetcher(self._state)
-        gen = self._state.pop("inline", None)
-        if gen is not None:
-            gen.close()
+        if self._readahead is not None:
+            self._readahead.stop()
 
     def _next_item(self) -> Any:
-        pf = self._state.get("prefetcher")
-        if pf is not None:
-            item = pf.get()
-        else:
-            item = next(self._state["inline"], STOP)
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return self._readahead.next()
 
     # --- the reader's work ------------------------------------------------------------
     def _job(self) -> Job:
