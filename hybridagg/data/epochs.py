@@ -114,12 +114,8 @@ class EpochLoop:
 
     def _batches(self) -> Iterator:
         """The batch generator of this pass (holds no reference to the loader)."""
-        plan, policy, opts, info = (
-            self._plan,
-            self.policy,
-            self.options,
-            self.split.first,
-        )
+        plan, policy = self._plan, self.policy
+        opts, info = self.options, self.split.first
         return generate(
             Job(
                 plan=plan,
