@@ -18,9 +18,12 @@ from .convert import (
 )
 from .dataset import HDF5Dataset
 from .format import FORMAT_NAME, FORMAT_VERSION, SplitInfo, inspect_split, open_file
-from .loader import HDF5Loader, LoaderStats, load_split_info, workers_comm
+from .loader import HDF5Loader, workers_comm
+from .options import LoaderOptions
 from .reader import mpio_available
 from .shares import EpochPlan, resplit_static, split_static
+from .split import load_split_info
+from .stats import LoaderStats
 
 __all__ = [
     "FORMAT_NAME",
@@ -28,6 +31,7 @@ __all__ = [
     "EpochPlan",
     "HDF5Dataset",
     "HDF5Loader",
+    "LoaderOptions",
     "LoaderStats",
     "SplitInfo",
     "convert_arrays",

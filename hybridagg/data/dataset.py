@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .format import open_file
-from .loader import load_split_info
+from .split import load_split_info
 
 __all__ = ["HDF5Dataset"]
 

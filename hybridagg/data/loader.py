@@ -1,61 +1,47 @@
-"""The sharded, prefetching HDF5 loader and a map-style dataset.
+"""The sharded, prefetching HDF5 loader: the public facade over its parts.
 
 :class:`HDF5Loader` is what a training loop iterates: each worker reads only
 its share of the epoch (static shares proportional to batch sizes, or
 dynamic chunks taken on demand), a background thread keeps the next batches
 ready, and :attr:`HDF5Loader.stats` says how long the loop waited for data.
-:class:`HDF5Dataset` is a plain ``torch.utils.data.Dataset`` over the same
-files for users who bring their own loop.
+Each concept is a part of its own, which the loader builds in order and
+frees in reverse:
+
+* :class:`~.options.LoaderOptions`: the validated keywords;
+* :mod:`.split`: the files validated by each worker, then agreed on by all;
+* :class:`~.files.SplitFiles`: the open files, the driver, the files'
+  communicator;
+* :mod:`.share_policy`: static shares or dynamic chunks, the batch sizes,
+  and how a position is saved and resumed;
+* :class:`~.epochs.EpochLoop` with :class:`~.position.PassPosition`: the
+  epoch number and the pass being iterated;
+* :class:`~.readahead.ReadAhead`: the reader and batch-cutting threads;
+* :class:`~.stats.LoaderStats`: stall statistics.
+
+:class:`~hybridagg.data.HDF5Dataset` is a plain ``torch.utils.data.Dataset``
+over the same files for users who bring their own loop.
 """
 
 from __future__ import annotations
 
 import os
-import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from .format import SplitInfo, inspect_split, open_file
-from .pipeline import (
-    STOP,
-    Job,
-    LoaderStats,
-    Prefetcher,
-    close_prefetcher,
-    generate,
-)
-from .position import DynamicTrack, counter_pieces, merge_states, snapshot
-from .reader import SplitReader, mpio_available
-from .shares import (
-    EpochPlan,
-    LocalCounter,
-    WindowCounter,
-    drop_prefix,
-    resplit_static,
-    split_static,
-)
+from .options import LoaderOptions
+from .parts import LoaderParts, PartAttribute
+from .split import load_split_info
+from .stats import LoaderStats
 
 __all__ = [
     "HDF5Loader",
+    "LoaderOptions",
     "LoaderStats",
     "load_split_info",
     "workers_comm",
 ]
-
-
-def _as_comm(comm: Any):
-    """Wrap the workers' communicator once (``None``: this process alone, no MPI)."""
-    if comm is None:
-        return None
-    from ..comm import Comm
-
-    if isinstance(comm, Comm):
-        return Comm(comm.mpi, name="data", timeout=comm.timeout)
-    return Comm(comm, name="data")
 
 
 def workers_comm(comm: Any, workers: Sequence[int]):
@@ -65,55 +51,6 @@ def workers_comm(comm: Any, workers: Sequence[int]):
     """
     return comm.split(
         0 if comm.rank in set(workers) else None, comm.rank, name="workers"
-    )
-
-
-def load_split_info(
-    paths: Sequence[str],
-    split: str,
-    *,
-    samples_key: str = "samples",
-    labels_key: str = "labels",
-    num_classes: int | None = None,
-    locking: bool | str | None = None,
-) -> list[SplitInfo]:
-    """Validate one split in every file; the files must share one layout."""
-    infos = []
-    for path in paths:
-        with open_file(path, locking=locking) as f:
-            infos.append(
-                inspect_split(
-                    f,
-                    split,
-                    samples_key=samples_key,
-                    labels_key=labels_key,
-                    num_classes=num_classes,
-                    path=path,
-                )
-            )
-    for info in infos[1:]:
-        if info.layout() != infos[0].layout():
-            raise ValueError(
-                f"data file {info.path} ('{info.samples_key}': samples "
-                f"{info.sample_shape} {info.dtype}, {info.num_classes} classes) does "
-                f"not match {infos[0].path} ({infos[0].sample_shape} "
-                f"{infos[0].dtype}, {infos[0].num_classes} classes)"
-            )
-    return infos
-
-
-def _paths(paths: Any) -> list[str]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    if isinstance(paths, Sequence) and paths:
-        out = []
-        for p in paths:
-            if not isinstance(p, (str, os.PathLike)):
-                raise TypeError(f"data paths must be str or os.PathLike, got {type(p)}")
-            out.append(os.fspath(p))
-        return out
-    raise TypeError(
-        f"paths must be a file name or a non-empty list of them, got {paths!r}"
     )
 
 
@@ -153,15 +90,33 @@ class HDF5Loader:
         driver: ``"auto"`` (``mpio`` when h5py has MPI and there is a
             communicator), ``"mpio"`` or ``"posix"``.
         collective: With ``mpio`` and static shares, read collectively. Off by
-            default: with HDF5 1.10.8 and Open MPI 4.1.4 a collective read of
-            these chunked selections was ~200x slower than independent
-            reads (bench/RESULTS.md).
+            default: on the one-node machine measured, collective reads of
+            these chunked selections were far slower than independent ones
+            (see bench/RESULTS.md); aggregation pays, if anywhere, on a
+            parallel file system, to be measured there.
         locking: h5py's ``locking=`` (default: ``HDF5_USE_FILE_LOCKING``,
             else ``"best-effort"``).
         samples_key: Name of the samples dataset in a split group.
         labels_key: Name of the labels dataset.
         num_classes: Overrides the file's ``num_classes``.
         timeout: Longest wait for a batch (default ``HYBRIDAGG_TIMEOUT``).
+
+    Attributes:
+        options: The validated keywords (:class:`LoaderOptions`); ``paths``,
+            ``split``, ``shares``, ``seed``, ``window_blocks``, ``prefetch``,
+            ``device``, ``normalize``, ``shuffle``, ``drop_last`` and
+            ``timeout`` read from it.
+        comm, rank, size: The workers' communicator (``None`` once closed)
+            and this worker's place among them.
+        infos, lengths, total, paths_agree, sample_shape, dtype,
+            num_classes, block_samples: The split as the workers agreed on it.
+        reader, driver, collective: The open files (``reader`` is ``None``
+            once closed) and how they are read.
+        thread_mpi, threaded: Whether MPI is thread-multiple, and whether
+            batches are read ahead in threads.
+        epoch, batch_size, batch_sizes: Where the loader stands now (see
+            :meth:`set_epoch`, :meth:`set_batch_sizes`).
+        stats: Stall statistics (:class:`LoaderStats`).
 
     Raises:
         FileNotFoundError, ValueError, TypeError: Bad files or arguments; the
@@ -193,32 +148,34 @@ class HDF5Loader:
         num_classes: int | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._state: dict = {}
-        self._finalizer = weakref.finalize(self, close_prefetcher, self._state)
-        self.comm = _as_comm(comm)
-        self.rank = self.comm.rank if self.comm else 0
-        self.size = self.comm.size if self.comm else 1
-        self.reader: SplitReader | None = None
-        self._counter = None
-        self._file_comm = None
+        self._parts = parts = LoaderParts(comm)
         err: BaseException | None = None
         try:
-            self._configure(
-                paths,
-                batch_size,
-                split,
-                shares,
-                seed,
-                epoch,
-                window_blocks,
-                prefetch,
-                device,
-                normalize,
-                driver,
-                timeout,
+            options = LoaderOptions(
+                paths=paths,
+                batch_size=batch_size,
+                split=split,
+                shares=shares,
+                batch_sizes=batch_sizes,
+                seed=seed,
+                epoch=epoch,
+                shuffle=shuffle,
+                window_blocks=window_blocks,
+                prefetch=prefetch,
+                device=device,
+                normalize=normalize,
+                drop_last=drop_last,
+                driver=driver,
+                collective=collective,
+                locking=locking,
+                samples_key=samples_key,
+                labels_key=labels_key,
+                num_classes=num_classes,
+                timeout=timeout,
+                with_comm=parts.comm is not None,
             )
-            self.infos = load_split_info(
-                self.paths,
+            infos = load_split_info(
+                options.paths,
                 split,
                 samples_key=samples_key,
                 labels_key=labels_key,
@@ -227,205 +184,69 @@ class HDF5Loader:
             )
         except (ValueError, TypeError, OSError) as exc:
             err = exc
-        if self.comm:
-            try:
-                self.comm.check(err, what="data set validation")
-            except BaseException:
-                self.comm.free()
-                raise
-        elif err is not None:
-            raise err
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        parts.agree_on(err, what="data set validation")
         try:
-            self._agree(batch_sizes)
-            self._open(driver, collective, locking)
+            parts.build(options, infos)
         except BaseException:
-            self.close()
+            parts.close()
             raise
-        self._consumed = 0
-        self._steps_done = 0
-        self._resume_static = None
-        self._active = False
 
-    # --- construction -----------------------------------------------------------
-    def _configure(
-        self,
-        paths,
-        batch_size,
-        split,
-        shares,
-        seed,
-        epoch,
-        window_blocks,
-        prefetch,
-        device,
-        normalize,
-        driver,
-        timeout,
-    ) -> None:
-        self.paths = _paths(paths)
-        self.split = split
-        for name, value, low in (
-            ("batch_size", batch_size, 1),
-            ("seed", seed, 0),
-            ("epoch", epoch, 0),
-            ("window_blocks", window_blocks, 1),
-            ("prefetch", prefetch, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if shares not in ("static", "dynamic"):
-            raise ValueError(f"shares must be 'static' or 'dynamic', got {shares!r}")
-        if driver not in ("auto", "mpio", "posix"):
-            raise ValueError(
-                f"driver must be 'auto', 'mpio' or 'posix', got {driver!r}"
-            )
-        if driver == "mpio" and not mpio_available():
-            raise ValueError(
-                "driver='mpio' needs h5py built with MPI (h5py.get_config().mpi)"
-            )
-        if driver == "mpio" and self.comm is None:
-            raise ValueError("driver='mpio' needs a communicator (comm=)")
-        self.batch_size, self.seed, self.epoch = int(batch_size), int(seed), int(epoch)
-        self._batch_box = [self.batch_size]
-        self.shares, self.window_blocks, self.prefetch = (
-            shares,
-            int(window_blocks),
-            int(prefetch),
-        )
-        self.device = torch.device(device)
-        self.normalize = bool(normalize)
-        from .. import comm as comm_mod
+    # --- what the parts hold (read-only) ---------------------------------------------
+    comm = PartAttribute("_parts")
+    rank = PartAttribute("_parts")
+    size = PartAttribute("_parts")
+    options = PartAttribute("_parts")
+    stats = PartAttribute("_parts")
+    thread_mpi = PartAttribute("_parts")
+    threaded = PartAttribute("_parts")
+    paths = PartAttribute("_parts.options")
+    split = PartAttribute("_parts.options")
+    shares = PartAttribute("_parts.options")
+    seed = PartAttribute("_parts.options")
+    window_blocks = PartAttribute("_parts.options")
+    prefetch = PartAttribute("_parts.options")
+    device = PartAttribute("_parts.options")
+    normalize = PartAttribute("_parts.options")
+    shuffle = PartAttribute("_parts.options")
+    drop_last = PartAttribute("_parts.options")
+    timeout = PartAttribute("_parts.options")
+    infos = PartAttribute("_parts.agreed")
+    lengths = PartAttribute("_parts.agreed")
+    total = PartAttribute("_parts.agreed")
+    paths_agree = PartAttribute("_parts.agreed")
+    sample_shape = PartAttribute("_parts.agreed.first")
+    dtype = PartAttribute("_parts.agreed.first")
+    num_classes = PartAttribute("_parts.agreed.first")
+    block_samples = PartAttribute("_parts.agreed.first")
+    driver = PartAttribute("_parts.files")
+    collective = PartAttribute("_parts.files")
+    batch_sizes = PartAttribute("_parts.policy")
+    windows_per_epoch = PartAttribute("_parts")
 
-        self.timeout = (
-            float(timeout) if timeout is not None else comm_mod.default_timeout()
-        )
-        self.stats = LoaderStats()
+    @property
+    def reader(self):
+        """The open files' :class:`~.reader.SplitReader` (``None`` once closed)."""
+        return files.reader if (files := self._parts.files) is not None else None
 
-    def _agree(self, batch_sizes: Sequence[int] | None) -> None:
-        """Check that every worker sees the same data and agree on batch sizes."""
-        mine = (
-            [i.length for i in self.infos],
-            self.infos[0].layout(),
-            [os.path.abspath(p) for p in self.paths],
-            self.batch_size,
-            None if batch_sizes is None else [int(b) for b in batch_sizes],
-        )
-        views = (
-            self.comm.allgather(mine, what="data set agreement")
-            if self.comm
-            else [mine]
-        )
-        for r, view in enumerate(views):
-            if view[:2] != views[0][:2]:
-                raise ValueError(
-                    f"worker {r} sees split '{self.split}' of {view[2]} as "
-                    f"{sum(view[0])} samples {view[1]}, worker 0 sees "
-                    f"{views[0][2]} as {sum(views[0][0])} samples {views[0][1]}; "
-                    "all workers must read the same data"
-                )
-        self.lengths = [i.length for i in self.infos]
-        self.total = sum(self.lengths)
-        self.paths_agree = all(v[2] == views[0][2] for v in views)
-        gathered = [int(v[3]) for v in views]
-        if batch_sizes is not None:
-            given = [int(b) for b in batch_sizes]
-            if any(v[4] != given for v in views):
-                raise ValueError("batch_sizes must be the same list on every worker")
-            if len(given) != self.size or given[self.rank] != self.batch_size:
-                raise ValueError(
-                    f"batch_sizes {given} must have one entry per worker "
-                    f"({self.size}) with this worker's batch_size at index {self.rank}"
-                )
-            gathered = given
-        self.batch_sizes = gathered
-        limit = sum(gathered) if self.shares == "static" else self.batch_size
-        if limit > self.total:
-            what = (
-                f"the global batch of {limit} samples (batch sizes {gathered})"
-                if self.shares == "static"
-                else f"batch_size {limit}"
-            )
-            raise ValueError(
-                f"{what} is larger than split '{self.split}' of "
-                f"{', '.join(self.paths)} ({self.total} samples in "
-                f"'{self.infos[0].samples_key}')"
-            )
-        info = self.infos[0]
-        if self.normalize and (info.norm_mean is None or info.norm_std is None):
-            raise ValueError(
-                f"normalize=True but data file {info.path} records no norm_mean/"
-                "norm_std (write it with 'hybridagg convert')"
-            )
-        self.sample_shape, self.dtype = info.sample_shape, info.dtype
-        self.num_classes, self.block_samples = info.num_classes, info.block_samples
-        self._labels = [i.labels for i in self.infos]
+    @property
+    def batch_size(self) -> int:
+        """This worker's batch size now (the next batch cut takes it)."""
+        return self._parts.policy.batch_box[0]
 
-    def _open(self, driver: str, collective: bool, locking) -> None:
-        if driver == "auto":
-            driver = (
-                "mpio"
-                if (self.comm and mpio_available() and self.paths_agree)
-                else "posix"
-            )
-        if driver == "mpio" and not self.paths_agree:
-            raise ValueError("driver='mpio' needs every worker to name the same files")
-        self.driver = driver
-        self.collective = bool(
-            collective and driver == "mpio" and self.shares == "static"
-        )
-        self.thread_mpi = True
-        if self.comm:
-            from mpi4py import MPI
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration covers (during one: the one iterated)."""
+        return self._parts.epochs.epoch
 
-            self.thread_mpi = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        # the reader thread calls MPI for mpio reads and for the chunk counter;
-        # without MPI_THREAD_MULTIPLE those stay on the main thread (no prefetch)
-        needs_mpi = self.comm is not None and (
-            driver == "mpio" or self.shares == "dynamic"
-        )
-        self.threaded = self.prefetch > 0 and (self.thread_mpi or not needs_mpi)
-        self._file_comm = None
-        err: BaseException | None = None
-        try:
-            if driver == "mpio":
-                from ..comm import Comm
-
-                self._file_comm = Comm(
-                    self.comm.mpi, name="data-files", timeout=self.timeout
-                )
-            self.reader = SplitReader(
-                self.infos,
-                driver=driver,
-                file_comm=self._file_comm,
-                collective=self.collective,
-                locking=locking,
-            )
-        except (ValueError, TypeError, OSError) as exc:
-            err = exc
-        if self.comm:
-            self.comm.check(err, what="opening the data files")
-        elif err is not None:
-            raise err
-        if self.shares == "dynamic":
-            self._counter = WindowCounter(self.comm) if self.comm else LocalCounter()
-            windows = EpochPlan(
-                self.lengths, self.block_samples, self.window_blocks, self.seed, 0
-            ).n_windows
-            self._track = DynamicTrack(n_windows=windows, epoch=self.epoch)
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
 
     # --- public API ---------------------------------------------------------------
     @property
     def steps_per_epoch(self) -> int | None:
         """Steps of an epoch under static shares (``None`` for dynamic shares)."""
-        if self.shares != "static":
-            return None
-        plan_total = self.total
-        return split_static(
-            [(0, plan_total)], self.batch_sizes, drop_last=self.drop_last
-        )[1]
+        return self._parts.policy.steps_per_epoch()
 
     @property
     def batches_left(self) -> int | None:
@@ -436,16 +257,7 @@ class HDF5Loader:
         over everywhere. ``None`` for dynamic shares (other workers may
         still take chunks) and outside an iteration.
         """
-        if self.shares != "static" or not self._active:
-            return None
-        return int(self._steps_left - self._steps_done)
-
-    @property
-    def windows_per_epoch(self) -> int:
-        """Chunks (windows) of one epoch."""
-        return EpochPlan(
-            self.lengths, self.block_samples, self.window_blocks, self.seed, 0
-        ).n_windows
+        return self._parts.policy.batches_left(self._parts.epochs.position)
 
     def __len__(self) -> int:
         steps = self.steps_per_epoch
@@ -457,7 +269,7 @@ class HDF5Loader:
         """Choose the epoch the next iteration covers (with ``seed``, its order)."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = int(epoch)
+        self._parts.epochs.epoch = int(epoch)
 
     def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
         """Change the workers' batch sizes, also in the middle of an epoch.
@@ -465,41 +277,11 @@ class HDF5Loader:
         Static shares: collective over the workers, with the same list on
         every worker; the unread rest of the epoch is re-cut so that every
         sample is still read exactly once. Dynamic shares: local, only this
-        worker's entry is used.
+        worker's entry is used (batches already cut keep the old size).
         """
-        sizes = [int(b) for b in batch_sizes]
-        if len(sizes) != self.size or min(sizes) < 1:
-            raise ValueError(
-                f"batch_sizes needs {self.size} positive entries (one per worker), got {sizes}"
-            )
-        if self.shares == "dynamic":
-            # batches already cut keep the old size; the next ones take the new
-            self.batch_size = self._batch_box[0] = sizes[self.rank]
-            self.batch_sizes = sizes
-            return
-        views = (
-            self.comm.allgather((sizes, self._consumed), what="set_batch_sizes")
-            if self.comm
-            else [(sizes, self._consumed)]
-        )
-        if any(v[0] != sizes for v in views):
-            raise ValueError(
-                f"set_batch_sizes got different lists on different workers: "
-                f"{[v[0] for v in views]}"
-            )
-        self.batch_size, self.batch_sizes = sizes[self.rank], sizes
-        self._batch_box[0] = self.batch_size
-        if self._active:
-            self._stop_reader()
-            self._plan_shares, self._steps_left = resplit_static(
-                self._plan_shares,
-                [v[1] for v in views],
-                sizes,
-                drop_last=self.drop_last,
-            )
-            self._consumed = 0
-            self._steps_done = 0
-            self._start_reader()
+        parts = self._parts
+        if parts.policy.set_batch_sizes(batch_sizes, parts.epochs.position):
+            parts.epochs.recut()
 
     # --- position -------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -510,36 +292,8 @@ class HDF5Loader:
         this worker's own position; any moment will do, also while other
         workers run on (see :mod:`hybridagg.data.position`).
         """
-        if self.shares == "dynamic":
-            track = self._track
-            with track.lock:
-                if not self._active and track.epoch != self.epoch:
-                    track.epoch, track.yielded = self.epoch, []
-                consumed = self._consumed if self._active else 0
-                state = snapshot(track, consumed, self._counter.read())
-            state["kind"] = "dynamic"
-            state["epoch"] = self.epoch
-            return state
-        if not self._active:
-            return {"kind": "static", "epoch": self.epoch, "shares": None}
-        views = (
-            self.comm.allgather(
-                (self._consumed, self._steps_done), what="loader position"
-            )
-            if self.comm
-            else [(self._consumed, self._steps_done)]
-        )
-        shares = [
-            [list(iv) for iv in drop_prefix(share, consumed)]
-            for share, (consumed, _) in zip(self._plan_shares, views, strict=True)
-        ]
-        return {
-            "kind": "static",
-            "epoch": self.epoch,
-            "shares": shares,
-            "steps_left": int(self._steps_left - views[0][1]),
-            "batch_sizes": list(self.batch_sizes),
-        }
+        parts = self._parts
+        return parts.policy.state_dict(parts.epochs.position, parts.epochs.epoch)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict`'s result (collective over the workers).
@@ -551,177 +305,26 @@ class HDF5Loader:
             ValueError: A state of the other kind of shares, another number
                 of workers, or a loader that is being iterated.
         """
-        if self._active:
+        epochs = self._parts.epochs
+        if epochs.position.active:
             raise ValueError("load_state_dict() while the loader is being iterated")
-        kind = state.get("kind")
-        if kind != self.shares:
-            raise ValueError(
-                f"loader state is for {kind!r} shares, this loader has {self.shares!r}"
-            )
-        if self.shares == "static":
-            self.epoch = int(state["epoch"])
-            if state.get("shares") is None:
-                self._resume_static = None
-                return
-            if len(state["shares"]) != self.size:
-                raise ValueError(
-                    f"loader state has {len(state['shares'])} workers, this job {self.size}"
-                )
-            self.batch_size = int(state["batch_sizes"][self.rank])
-            self._batch_box[0] = self.batch_size
-            self.batch_sizes = [int(b) for b in state["batch_sizes"]]
-            shares = [[tuple(iv) for iv in share] for share in state["shares"]]
-            self._resume_static = (shares, int(state["steps_left"]))
-            return
-        states = (
-            self.comm.allgather(state, what="loader resume") if self.comm else [state]
-        )
-        carry, epochs, counter = merge_states(states)
-        self._counter.set(counter)
-        track = self._track
-        with track.lock:
-            track.carry, track.stash, track.taken = carry[self.rank], None, []
-            track.epoch, track.yielded = epochs[self.rank], []
-        self.epoch = epochs[self.rank]
+        epochs.epoch = self._parts.policy.load_state_dict(state)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._begin_epoch()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = self._next_item()
-                if item is STOP:
-                    break
-                x, y = item
-                if self.device.type != "cpu":
-                    x = x.to(self.device, non_blocking=True)
-                    y = y.to(self.device, non_blocking=True)
-                wait = time.perf_counter() - t0
-                st = self.stats
-                st.wait_seconds += wait
-                st.last_wait = wait
-                st.max_wait = max(st.max_wait, wait)
-                st.batches += 1
-                st.samples += len(y)
-                self._consumed += len(y)
-                self._steps_done += 1
-                yield x, y
-            self.epoch += 1
-        finally:
-            self._end_epoch()
+        # a generator of the loader's own, so iterating keeps the loader alive
+        yield from self._parts.epochs.run()
 
     def close(self) -> None:
-        """Stop the reader thread and close the files (collective with ``mpio``)."""
-        self._stop_reader()
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
-        if self._counter is not None:
-            self._counter.free()
-            self._counter = None
-        for c in (self._file_comm, self.comm):
-            if c is not None:
-                c.free()
-        self._file_comm = self.comm = None
+        """Stop the read-ahead, close the files and free the communicators.
+
+        Collective over the workers where the loader holds MPI (the dynamic
+        chunk counter, mpio files, its communicator). A second call does
+        nothing.
+        """
+        self._parts.close()
 
     def __enter__(self) -> HDF5Loader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- epochs and the reader ------------------------------------------------------
-    def _begin_epoch(self) -> None:
-        if self.reader is None:
-            raise ValueError("this loader is closed")
-        if self._active:
-            raise RuntimeError("this loader is already being iterated")
-        self._plan = EpochPlan(
-            self.lengths,
-            self.block_samples,
-            self.window_blocks,
-            self.seed,
-            self.epoch,
-            shuffle=self.shuffle,
-        )
-        if self.shares == "static":
-            if self._resume_static is not None:
-                self._plan_shares, self._steps_left = self._resume_static
-                self._resume_static = None
-            else:
-                self._plan_shares, self._steps_left = split_static(
-                    [(0, self._plan.total)], self.batch_sizes, drop_last=self.drop_last
-                )
-        else:
-            self._track.start_epoch(self.epoch)
-        self._consumed = 0
-        self._steps_done = 0
-        self._active = True
-        self._start_reader()
-
-    def _end_epoch(self) -> None:
-        self._stop_reader()
-        if (
-            self._active
-            and self.shares == "dynamic"
-            and self._track.epoch == self.epoch
-        ):
-            # an abandoned pass: the shared counter has moved on, so the next
-            # pass is the next epoch (chunks left of this one are skipped)
-            self.epoch += 1
-        self._active = False
-
-    def _start_reader(self) -> None:
-        gen = generate(self._job(), read_ahead=self.threaded)
-        if self.threaded:
-            pf = Prefetcher(
-                gen, self.prefetch, self.timeout, name=f"hybridagg-data-{self.rank}"
-            )
-            self._state["prefetcher"] = pf
-        else:
-            self._state["inline"] = gen
-
-    def _stop_reader(self) -> None:
-        close_prefetcher(self._state)
-        gen = self._state.pop("inline", None)
-        if gen is not None:
-            gen.close()
-
-    def _next_item(self) -> Any:
-        pf = self._state.get("prefetcher")
-        if pf is not None:
-            item = pf.get()
-        else:
-            item = next(self._state["inline"], STOP)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    # --- the reader's work ------------------------------------------------------------
-    def _job(self) -> Job:
-        plan = self._plan
-        calls = 0
-        if self.shares == "static":
-            pieces: Any = list(plan.pieces(self._plan_shares[self.rank]))
-            if self.collective:
-                calls = max(
-                    len({g for g, _, _ in plan.pieces(s)}) for s in self._plan_shares
-                )
-        else:
-            pieces = counter_pieces(self._track, plan, self._counter)
-        info = self.infos[0]
-        return Job(
-            plan=plan,
-            reader=self.reader,
-            stats=self.stats,
-            labels=self._labels,
-            pieces=pieces,
-            steps=self._steps_left if self.shares == "static" else None,
-            collective_calls=calls,
-            batch=self._batch_box,
-            capacity=self.window_blocks * self.block_samples,
-            sample_shape=self.sample_shape,
-            dtype=self.dtype,
-            pinned=self.device.type == "cuda",
-            norm=(info.norm_mean, info.norm_std) if self.normalize else None,
-        )

@@ -1,9 +1,11 @@
-"""The reader's side of :class:`HDF5Loader`: batch cutting, prefetch thread, stats.
+"""The reader's loop for one pass: read windows, permute them, cut batches.
 
-:func:`generate` is the reader's loop for one epoch: read a window of blocks,
-permute it, cut batches of the worker's size. :class:`Prefetcher` runs it in a
-daemon thread behind a bounded queue. Neither holds a reference to the
-loader, so a dropped loader is collected and its finaliser stops the thread.
+:func:`generate` reads a window of blocks, permutes it and cuts batches of
+the worker's size; with ``read_ahead`` the windows are read in a thread of
+their own (:func:`_read_ahead`), a window or two ahead of the cutting. A
+:class:`Job` carries everything the loop needs and deliberately no loader,
+so the threads never keep a dropped loader alive
+(:mod:`hybridagg.data.readahead` runs the loop itself in a thread).
 """
 
 from __future__ import annotations
@@ -13,132 +15,43 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .readahead import STOP
 from .reader import SplitReader
 from .shares import EpochPlan
+from .stats import LoaderStats
 
-__all__ = [
-    "STOP",
-    "Job",
-    "LoaderStats",
-    "Prefetcher",
-    "close_prefetcher",
-    "generate",
-]
-
-STOP = object()
-
-
-@dataclass
-class LoaderStats:
-    """Where a worker's time went on data (cumulative over epochs).
-
-    Attributes:
-        wait_seconds: Total time ``next()`` waited for a batch (the stall).
-        last_wait: Wait of the most recent ``next()``.
-        max_wait: Longest single wait.
-        batches: Batches returned.
-        samples: Samples returned.
-        bytes_read: Bytes read from the files.
-        read_seconds: Time the reader spent in HDF5 reads.
-        windows: Windows (dynamic chunks) read.
-    """
-
-    wait_seconds: float = 0.0
-    last_wait: float = 0.0
-    max_wait: float = 0.0
-    batches: int = 0
-    samples: int = 0
-    bytes_read: int = 0
-    read_seconds: float = 0.0
-    windows: int = 0
-
-    def stall_fraction(self, elapsed: float) -> float:
-        """Share of ``elapsed`` seconds spent waiting for data."""
-        return self.wait_seconds / elapsed if elapsed > 0 else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        """The fields as a dict (for metrics records)."""
-        return asdict(self)
-
-
-class Prefetcher:
-    """Runs a batch generator in a daemon thread behind a bounded queue.
-
-    It holds no reference to the loader, so a loader that is dropped is
-    collected and its finaliser stops the thread.
-    """
-
-    def __init__(self, gen: Iterator, depth: int, timeout: float, name: str) -> None:
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.timeout = timeout
-        self.thread = threading.Thread(
-            target=self._run, args=(gen,), name=name, daemon=True
-        )
-        self.thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, gen: Iterator) -> None:
-        try:
-            for item in gen:
-                # stop is checked before every put: close() drains the queue,
-                # which would otherwise let this thread refill it and then
-                # sleep in put()'s timeout before noticing (a 50 ms stall of
-                # every batch-size change)
-                if self.stop.is_set() or not self._put(item):
-                    break
-            else:
-                self._put(STOP)
-        except BaseException as exc:  # handed to the consumer, re-raised there
-            self._put(exc)
-        finally:
-            # lets a collective generator finish its remaining calls empty
-            gen.close()
-
-    def get(self) -> Any:
-        try:
-            return self.q.get(timeout=self.timeout)
-        except queue.Empty:
-            raise TimeoutError(
-                f"data loader: no batch from the reader thread within "
-                f"{self.timeout:g} s (raise HYBRIDAGG_TIMEOUT if reads are this slow)"
-            ) from None
-
-    def close(self, join_timeout: float = 60.0) -> None:
-        self.stop.set()
-        while True:
-            try:
-                self.q.get_nowait()
-            except queue.Empty:
-                break
-        if self.thread is not threading.current_thread():
-            self.thread.join(join_timeout)
-
-
-def close_prefetcher(state: dict) -> None:
-    """Stop the prefetcher kept in a loader's state dict, if any."""
-    pf = state.pop("prefetcher", None)
-    if pf is not None:
-        pf.close()
+__all__ = ["Job", "generate"]
 
 
 @dataclass
 class Job:
-    """What the reader needs for one epoch; deliberately no loader reference."""
+    """What the reader needs for one pass; deliberately no loader reference.
+
+    Attributes:
+        plan: The epoch's sample order.
+        reader: The open files.
+        stats: Where the reader counts bytes, read time and windows.
+        labels: All labels of each file.
+        pieces: ``(window, lo, hi)`` pieces of this worker, in order (a list
+            for static shares, a generator drawing chunks for dynamic ones).
+        steps: Batches every worker returns (static shares; short or empty
+            ones pad a share that ran out), ``None`` for dynamic shares.
+        collective_calls: Collective reads every worker makes this pass (0:
+            independent reads).
+        batch: ``[batch size]``, shared with the loader so that a new size
+            applies from the next batch cut.
+        capacity: Rows of a window buffer.
+        sample_shape: Shape of one sample.
+        dtype: Sample dtype.
+        pinned: Cut batches into pinned memory (for a CUDA device).
+        norm: ``(mean, std)`` to normalise with, or ``None``.
+    """
 
     plan: EpochPlan
     reader: SplitReader

@@ -1,4 +1,8 @@
-"""Where a loader with dynamic shares is in its data, and how it resumes (pure logic).
+"""Where a loader is in its data, and how it resumes (pure logic).
+
+:class:`PassPosition` counts what this worker has handed to the training
+loop in the pass being iterated; static shares resume from it directly (the
+unread rest of every share, see :mod:`hybridagg.data.share_policy`).
 
 Dynamic shares hand out *chunks* (windows) from one counter shared by all
 workers that runs across epochs: value ``c`` is window ``c mod W`` of epoch
@@ -28,6 +32,8 @@ from typing import Any
 
 __all__ = [
     "DynamicTrack",
+    "PassPosition",
+    "Piece",
     "counter_pieces",
     "merge_states",
     "remaining_pieces",
@@ -37,6 +43,39 @@ __all__ = [
 Piece = tuple[int, int, int]  # window, first row, end row (of its permutation)
 # (epoch, window, first row, end row); end -1: to the end of the window
 Carried = tuple[int, int, int, int]
+
+
+@dataclass
+class PassPosition:
+    """How far this worker is into the pass being iterated.
+
+    Attributes:
+        active: A pass is being iterated.
+        consumed: Samples handed to the loop since the pass began, or since
+            its shares were last cut again (new batch sizes).
+        steps: Batches handed out over the same span.
+    """
+
+    active: bool = False
+    consumed: int = 0
+    steps: int = 0
+
+    def start(self) -> None:
+        """A pass begins."""
+        self.active, self.consumed, self.steps = True, 0, 0
+
+    def advance(self, samples: int) -> None:
+        """A batch of ``samples`` went to the loop."""
+        self.consumed += samples
+        self.steps += 1
+
+    def recut(self) -> None:
+        """The unread rest was cut again: count from here."""
+        self.consumed, self.steps = 0, 0
+
+    def stop(self) -> None:
+        """The pass ended (or was abandoned)."""
+        self.active = False
 
 
 @dataclass
