@@ -94,7 +94,7 @@ class PSClient:
         nbuf = sum(b.numel() for b in buffers)
         self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
         self.versions = [0] * self.K
-        self.header_len = P.HEAD + len(optimizer.param_groups)
+        self.header_len = P.request_len(len(optimizer.param_groups))
         if ps.rank == 0:
             self._send_init(
                 numels, optimizer, compensation, staleness_bound, max_updates
@@ -163,8 +163,8 @@ class PSClient:
         lrs=(),
     ) -> np.ndarray:
         head = np.zeros(self.header_len, dtype=np.float64)
-        head[: P.HEAD] = (kind, arg, samples, flags, info, 0.0)
-        head[P.HEAD : P.HEAD + len(lrs)] = lrs
+        head[: P.REQUEST_FIELDS] = (kind, arg, samples, flags, info, 0.0)
+        head[P.REQUEST_FIELDS : P.REQUEST_FIELDS + len(lrs)] = lrs
         return head
 
     def push(

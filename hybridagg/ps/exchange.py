@@ -19,9 +19,10 @@ from .compensation import Compensation
 
 __all__ = ["GroupExchange"]
 
-# header a leader broadcasts in its group: stop, new weights, staleness,
-# lr scale, requested checkpoint, batch advice, server version
-_HEAD = 7
+# The header a leader broadcasts in its own group (not a parameter-server
+# message): stop, new weights, staleness, lr scale, requested checkpoint,
+# batch advice, server version.
+GROUP_HEAD_LEN = 7
 
 
 class GroupExchange:
@@ -73,7 +74,7 @@ class GroupExchange:
         self.wbuf = alloc(numel, params[0].dtype, zero=False)
         nbuf = sum(b.numel() for b in buffers)
         self.bbuf = alloc(nbuf, torch.float64, zero=False) if nbuf else None
-        self.head = torch.zeros(_HEAD, dtype=torch.float64)
+        self.head = torch.zeros(GROUP_HEAD_LEN, dtype=torch.float64)
         self.pending = None
         self.unshared = False
         self.model_versions = [0] * (

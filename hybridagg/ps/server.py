@@ -226,7 +226,7 @@ class _Server:
         self.pred_lrs: list[list[float] | None] = [None] * self.G
         self.bound: int | None = spec["staleness_bound"]
         self.budget: int | None = spec["max_updates"]
-        self.hlen = P.HEAD + len(spec["hyper"])
+        self.hlen = P.request_len(len(spec["hyper"]))
         self.stats = ServerStats(server=self.me, updates_per_leader=[0] * self.G)
         self.version = 0
         if restore is not None:
@@ -402,7 +402,7 @@ class _Server:
         self._observe_batch(g, float(header[4]), float(header[2]))
         staleness = self.version - version_from
         scale = self.comp.scale(samples, self.version, staleness)
-        lrs = header[P.HEAD :].tolist()
+        lrs = header[P.REQUEST_FIELDS :].tolist()
         if self.lookahead:
             self.tau[g] += _TAU_WEIGHT * (staleness - self.tau[g])
             undamped = self.comp.scale(samples, self.version, 0)
