@@ -11,6 +11,7 @@ from ..comm import Comm, alloc
 from . import protocol as P
 from .compensation import Compensation
 from .shards import part_ranges, shard_ranges
+from .spec import server_specs
 
 __all__ = ["DEFAULT_PART_BYTES", "Exchange", "PSClient"]
 
@@ -101,38 +102,23 @@ class PSClient:
             )
 
     def _send_init(self, numels, optimizer, compensation, bound, budget) -> None:
-        group_of = {}
-        for g, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                group_of[id(p)] = g
-        missing = [i for i, p in enumerate(self.params) if id(p) not in group_of]
-        if missing:
-            raise ValueError(f"parameters {missing} are not in the optimizer")
-        hyper = [
-            {k: v for k, v in group.items() if k != "params"}
-            for group in optimizer.param_groups
+        specs = server_specs(
+            self.params,
+            optimizer,
+            self.flat_weights,
+            self._pack_buffers() if self.buffers else None,
+            self.ranges,
+            compensation=compensation,
+            staleness_bound=bound,
+            max_updates=budget,
+            part_elems=self.part_elems,
+            skip_update=self.skip_update,
+            batching=self.batching,
+        )
+        pending = [
+            self.ps.isend(spec, P.server_rank(self.G, s), P.INIT)
+            for s, spec in enumerate(specs)
         ]
-        pending = []
-        for s, (lo, hi) in enumerate(self.ranges):
-            spec = {
-                "optimizer": type(optimizer),
-                "defaults": dict(optimizer.defaults),
-                "hyper": hyper,
-                "group_of": [group_of[id(p)] for p in self.params],
-                "numels": numels,
-                "range": (lo, hi),
-                "shard": self.flat_weights[lo:hi].numpy().copy(),
-                "buffers": self._pack_buffers().numpy().copy()
-                if s == 0 and self.buffers
-                else None,
-                "compensation": compensation,
-                "staleness_bound": bound,
-                "max_updates": budget,
-                "part_elems": self.part_elems,
-                "skip_update": self.skip_update,
-                "batching": self.batching,
-            }
-            pending.append(self.ps.isend(spec, self.G + s, P.INIT))
         self.ps.wait([req for req, _ in pending], "parameter-server start-up")
 
     def _pack_buffers(self) -> torch.Tensor:
