@@ -7,9 +7,10 @@ tags are in :mod:`hybridagg.ps.protocol`.
 * ``INIT`` (leader 0 -> each server, pickled once at start): a
   :class:`~hybridagg.ps.spec.ServerSpec`.
 * ``PUSH`` (leader -> every server): a header, then the gradient shard in
-  *parts* of at most ``part_bytes`` (``HYBRIDAGG_PS_PART_BYTES``), and to
-  server 0 the group's buffers. Each part is updated and sent back as soon
-  as it has arrived (:mod:`hybridagg.ps.handler`). The leader forwards its
+  *parts* of at most ``part_bytes`` (``HYBRIDAGG_PS_PART_BYTES``; like
+  BytePS's tensor partitions), and to server 0 the group's buffers. Each
+  part is updated and sent back as soon as it has arrived
+  (:mod:`hybridagg.ps.handler`). The leader forwards its
   current learning rates with every push, which is how an LR scheduler
   stepped on the workers keeps working.
 * ``PULL``: the same reply without an update (validation, resume).
@@ -29,7 +30,8 @@ Every wait polls (:func:`hybridagg.comm.wait_until`), so an idle server costs a
 small fraction of a core. Waiting for the next message, it sleeps at most
 ``HYBRIDAGG_SERVER_MAX_SLEEP_US`` between polls, less than the general cap: a
 push that arrives while the server sleeps waits for it, and that delay adds
-to the round trip of every group's step.
+to the round trip of every group's step (bench/RESULTS.md, "The server's
+wait for the next push").
 """
 
 from __future__ import annotations
