@@ -53,7 +53,8 @@ def test_shard_prediction_follows_each_pieces_momentum():
     """Parts cut parameters in pieces; each piece moves along its own buffer."""
     import numpy as np
 
-    from hybridagg.ps.server import _Shard
+    from hybridagg.ps.spec import ServerSpec
+    from hybridagg.ps.store import ShardStore
 
     torch.manual_seed(0)
     ref = [torch.nn.Parameter(torch.randn(n, dtype=torch.float64)) for n in (5, 7, 3)]
@@ -63,20 +64,23 @@ def test_shard_prediction_follows_each_pieces_momentum():
         momentum=0.5,
     )
     flat0 = torch.cat([p.detach() for p in ref])
-    spec = {
-        "shard": flat0.numpy().copy(),
-        "range": (0, 15),
-        "part_elems": 4,  # parts [0,4) [4,8) [8,12) [12,15): pieces straddle them
-        "optimizer": torch.optim.SGD,
-        "defaults": dict(user.defaults),
-        "hyper": [
+    spec = ServerSpec(
+        shard=flat0.numpy().copy(),
+        shard_range=(0, 15),
+        part_elems=4,  # parts [0,4) [4,8) [8,12) [12,15): pieces straddle them
+        optimizer=torch.optim.SGD,
+        defaults=dict(user.defaults),
+        hyper=[
             {k: v for k, v in g.items() if k != "params"} for g in user.param_groups
         ],
-        "group_of": [0, 1, 1],
-        "numels": [5, 7, 3],
-        "buffers": None,
-    }
-    shard = _Shard(spec)
+        group_of=[0, 1, 1],
+        numels=[5, 7, 3],
+        buffers=None,
+        compensation=Compensation(),
+        staleness_bound=None,
+        max_updates=None,
+    )
+    shard = ShardStore(spec)
     lrs = [0.1, 0.2]
     for _ in range(3):
         grads = [torch.randn(p.numel(), dtype=torch.float64) for p in ref]
@@ -315,7 +319,7 @@ def test_lookahead_replies_match_a_replay_of_the_server(horizon):
     servers answer with weights moved along the momentum; the model matches a
     single-process replay step by step, and a pull gives the true weights."""
     import hybridagg
-    from hybridagg.ps.server import _TAU_WEIGHT
+    from hybridagg.ps.lookahead import TAU_WEIGHT
 
     topo = hybridagg.init(groups="world", servers=1)
     if topo.is_server:
@@ -352,7 +356,7 @@ def test_lookahead_replies_match_a_replay_of_the_server(horizon):
         if pending is not None:
             seen = pending
         staleness = 0 if step == 0 else 1
-        tau += _TAU_WEIGHT * (staleness - tau)
+        tau += TAU_WEIGHT * (staleness - tau)
         ref_opt.param_groups[0]["lr"] = 0.1 / (1 + staleness)
         for r, q in zip(ref.parameters(), probe.parameters(), strict=True):
             r.grad = q.grad.clone()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Comm
-from ..ps.exchange import GroupExchange
+from ..ps.exchange import ExchangeOptions, GroupExchange
 from ..ps.protocol import FLAG_STOP
 from ..topology import Topology
 from .base import DistributedOptimizer
@@ -42,11 +42,13 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
             list(self._reducer.params),
             self._buffers,
             optimizer,
-            self.compensation,
-            staleness_bound,
-            max_updates,
-            overlap,
-            server_batching,
+            ExchangeOptions(
+                compensation=self.compensation,
+                staleness_bound=staleness_bound,
+                max_updates=max_updates,
+                overlap=overlap,
+                batching=server_batching,
+            ),
         )
 
     def _scope(self, topo: Topology) -> Comm:
@@ -66,7 +68,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
         self._exchange.stop_flags |= FLAG_STOP
 
     def report(self, seconds_per_sample: float) -> None:
-        self._exchange.info = float(seconds_per_sample)
+        self._exchange.seconds_per_sample = float(seconds_per_sample)
 
     @property
     def server_version(self) -> int:

@@ -8,26 +8,39 @@ import numpy as np
 import torch
 
 from ..comm import Comm, alloc
+from ..runtime import envvars
 from . import protocol as P
 from .compensation import Compensation
+from .flat import flatten_into, unflatten_from
 from .shards import part_ranges, shard_ranges
+from .spec import server_specs
 
-__all__ = ["DEFAULT_PART_BYTES", "Exchange", "PSClient"]
+__all__ = ["DEFAULT_PART_BYTES", "PSClient", "RoundTrip"]
 
 DEFAULT_PART_BYTES = 4 * 2**20
 
 
 @dataclass
-class Exchange:
-    """A push-and-pull (or pull) in flight."""
+class RoundTrip:
+    """A push-and-pull (or a pull) posted to the servers, not yet complete.
+
+    Attributes:
+        requests: Its sends and receives.
+        replies: Each server's reply header, filled on completion.
+        keep: Buffers that must outlive the requests.
+    """
 
     requests: list
     replies: list[np.ndarray]
-    keep: list  # buffers that must outlive the requests
+    keep: list
 
 
 class PSClient:
     """A group leader's connection to the sharded parameter server.
+
+    Owns the leader's flat copies of the model (weights, gradient, buffers),
+    how they are cut into shards and parts, and the messages of the
+    protocol: start-up, push, pull, checkpoint reports, done, final weights.
 
     Args:
         ps: Communicator of the leaders followed by the servers (dup'd by the
@@ -41,12 +54,16 @@ class PSClient:
         max_updates: Server version at which leaders are told to stop.
         part_bytes: Messages are cut into parts of about this size, which
             the servers update and return one by one (the same on every
-            leader; default ``HYBRIDAGG_PS_PART_BYTES``, 4 MiB).
+            leader; default ``HYBRIDAGG_PS_PART_BYTES``).
         skip_update: Servers return the weights without applying the
             optimizer (to benchmark the transport alone).
         batching: Adaptive batching on server 0: ``initial`` (each group's
             batch), ``deadband``, ``smoothing``, ``window``, ``min_batch``,
             ``max_group_batch``; ``None``: off.
+
+    Raises:
+        ValueError: The parameters have several dtypes, or (leader 0) one is
+            in none of the optimizer's groups.
     """
 
     def __init__(
@@ -63,77 +80,55 @@ class PSClient:
         skip_update: bool = False,
         batching: dict | None = None,
     ) -> None:
-        self.ps, self.G = ps, num_groups
-        self.K = ps.size - num_groups
+        self.ps, self.num_groups = ps, num_groups
+        self.num_servers = ps.size - num_groups
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
             raise ValueError(
                 f"the parameter server needs one parameter dtype, got {dtypes}"
             )
         self.params, self.buffers = params, buffers
-        numels = [p.numel() for p in params]
-        self.ranges = shard_ranges(sum(numels), self.K)
+        total = sum(p.numel() for p in params)
+        self.ranges = shard_ranges(total, self.num_servers)
         if part_bytes is None:
-            from ..runtime import envvars
-
             part_bytes = (
                 envvars.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
             )
-        esize = params[0].element_size()
-        self.part_elems = max(1, int(part_bytes) // esize)
+        self.part_elems = max(1, int(part_bytes) // params[0].element_size())
+        # per server: its parts, as ranges of the flat model
         self.parts = [
             [(lo + a, lo + b) for a, b in part_ranges(hi - lo, self.part_elems)]
             for lo, hi in self.ranges
         ]
-        self.skip_update = bool(skip_update)
-        self.batching = batching
         dtype = params[0].dtype
-        self.flat_weights = alloc(sum(numels), dtype, zero=False)
+        self.flat_weights = alloc(total, dtype, zero=False)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
-        self.flat_grad = alloc(sum(numels), dtype)
+        self.flat_grad = alloc(total, dtype)
         nbuf = sum(b.numel() for b in buffers)
         self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
-        self.versions = [0] * self.K
-        self.header_len = P.HEAD + len(optimizer.param_groups)
+        self.versions = [0] * self.num_servers
+        self.request_len = P.request_len(len(optimizer.param_groups))
         if ps.rank == 0:
-            self._send_init(
-                numels, optimizer, compensation, staleness_bound, max_updates
+            specs = server_specs(
+                params,
+                optimizer,
+                self.flat_weights,
+                self._pack_buffers() if buffers else None,
+                self.ranges,
+                compensation=compensation,
+                staleness_bound=staleness_bound,
+                max_updates=max_updates,
+                part_elems=self.part_elems,
+                skip_update=bool(skip_update),
+                batching=batching,
             )
+            pending = [
+                ps.isend(spec, self._server(s), P.INIT) for s, spec in enumerate(specs)
+            ]
+            ps.wait([req for req, _ in pending], "parameter-server start-up")
 
-    def _send_init(self, numels, optimizer, compensation, bound, budget) -> None:
-        group_of = {}
-        for g, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                group_of[id(p)] = g
-        missing = [i for i, p in enumerate(self.params) if id(p) not in group_of]
-        if missing:
-            raise ValueError(f"parameters {missing} are not in the optimizer")
-        hyper = [
-            {k: v for k, v in group.items() if k != "params"}
-            for group in optimizer.param_groups
-        ]
-        pending = []
-        for s, (lo, hi) in enumerate(self.ranges):
-            spec = {
-                "optimizer": type(optimizer),
-                "defaults": dict(optimizer.defaults),
-                "hyper": hyper,
-                "group_of": [group_of[id(p)] for p in self.params],
-                "numels": numels,
-                "range": (lo, hi),
-                "shard": self.flat_weights[lo:hi].numpy().copy(),
-                "buffers": self._pack_buffers().numpy().copy()
-                if s == 0 and self.buffers
-                else None,
-                "compensation": compensation,
-                "staleness_bound": bound,
-                "max_updates": budget,
-                "part_elems": self.part_elems,
-                "skip_update": self.skip_update,
-                "batching": self.batching,
-            }
-            pending.append(self.ps.isend(spec, self.G + s, P.INIT))
-        self.ps.wait([req for req, _ in pending], "parameter-server start-up")
+    def _server(self, s: int) -> int:
+        return P.server_rank(self.num_groups, s)
 
     def _pack_buffers(self) -> torch.Tensor:
         return torch.cat([b.detach().reshape(-1).double().cpu() for b in self.buffers])
@@ -141,42 +136,40 @@ class PSClient:
     # --- exchanges -------------------------------------------------------------
     def _post_replies(self) -> tuple[list, list[np.ndarray]]:
         reqs, replies = [], []
-        for s in range(self.K):
+        for s in range(self.num_servers):
             head = np.zeros(P.REPLY_LEN, dtype=np.float64)
-            reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.REPLY_HDR))
+            reqs.append(self.ps.Irecv(head, self._server(s), P.REPLY_HDR))
             for lo, hi in self.parts[s]:
                 reqs.append(
-                    self.ps.Irecv(self.flat_weights[lo:hi], self.G + s, P.REPLY_W)
+                    self.ps.Irecv(self.flat_weights[lo:hi], self._server(s), P.REPLY_W)
                 )
             replies.append(head)
         if self.flat_buffers is not None:
-            reqs.append(self.ps.Irecv(self.flat_buffers, self.G, P.REPLY_BUF))
+            reqs.append(self.ps.Irecv(self.flat_buffers, self._server(0), P.REPLY_BUF))
         return reqs, replies
 
-    def _header(
-        self,
-        kind: float,
-        arg: float = 0.0,
-        samples: float = 0.0,
-        flags: int = 0,
-        info: float = 0.0,
-        lrs=(),
-    ) -> np.ndarray:
-        head = np.zeros(self.header_len, dtype=np.float64)
-        head[: P.HEAD] = (kind, arg, samples, flags, info, 0.0)
-        head[P.HEAD : P.HEAD + len(lrs)] = lrs
-        return head
+    def _post_to_all(self, request: P.Request) -> tuple[list, list[np.ndarray]]:
+        """Post ``request`` to every server; returns the sends and their headers."""
+        heads = [request.encode(self.request_len) for _ in range(self.num_servers)]
+        reqs = [self.ps.Isend(h, self._server(s), P.HDR) for s, h in enumerate(heads)]
+        return reqs, heads
+
+    def _tell_all(self, request: P.Request, what: str) -> None:
+        """Send ``request`` to every server and wait until it has left."""
+        reqs, heads = self._post_to_all(request)
+        self.ps.wait(reqs, what)
+        del heads  # (the headers had to outlive their sends)
 
     def push(
         self,
-        grads: list[torch.Tensor | None],
+        grads: list[torch.Tensor | None] | torch.Tensor,
         samples: float,
         lrs: list[float],
         versions: list[int],
         *,
         flags: int = 0,
-        info: float = 0.0,
-    ) -> Exchange:
+        seconds_per_sample: float = 0.0,
+    ) -> RoundTrip:
         """Post a push of the group gradient and the pull of fresh weights.
 
         Args:
@@ -186,100 +179,84 @@ class PSClient:
             lrs: Current ``lr`` of each of the user's parameter groups.
             versions: Per shard, the version the gradient was computed from.
             flags: :data:`~hybridagg.ps.protocol.FLAG_STOP` to stop every group.
-            info: The group's compute seconds per sample (adaptive batching).
+            seconds_per_sample: The group's compute time per sample
+                (adaptive batching; 0: none).
         """
         if grads is not self.flat_grad:  # else the caller filled it in place
-            offset = 0
-            for p, g in zip(self.params, grads, strict=True):
-                n = p.numel()
-                view = self.flat_grad[offset : offset + n]
-                if g is None:
-                    view.zero_()
-                else:
-                    view.copy_(g.reshape(-1))
-                offset += n
+            flatten_into(self.flat_grad, grads, like=self.params)
         reqs, replies = self._post_replies()
         keep = []
-        for s in range(self.K):
-            head = self._header(P.PUSH, versions[s], samples, flags, info, lrs)
+        for s in range(self.num_servers):
+            head = P.Request(
+                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
+            ).encode(self.request_len)
             keep.append(head)
-            reqs.append(self.ps.mpi.Isend(head, self.G + s, P.HDR))
+            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
             for lo, hi in self.parts[s]:
-                reqs.append(self.ps.Isend(self.flat_grad[lo:hi], self.G + s, P.GRAD))
+                reqs.append(
+                    self.ps.Isend(self.flat_grad[lo:hi], self._server(s), P.GRAD)
+                )
         if self.flat_buffers is not None:
             packed = self._pack_buffers()
             keep.append(packed)
-            reqs.append(self.ps.Isend(packed, self.G, P.BUF))
-        return Exchange(reqs, replies, keep)
+            reqs.append(self.ps.Isend(packed, self._server(0), P.BUF))
+        return RoundTrip(reqs, replies, keep)
 
-    def pull(self) -> Exchange:
+    def pull(self) -> RoundTrip:
         """Post a pull of the current weights without an update."""
         reqs, replies = self._post_replies()
-        keep = []
-        for s in range(self.K):
-            head = self._header(P.PULL)
-            keep.append(head)
-            reqs.append(self.ps.mpi.Isend(head, self.G + s, P.HDR))
-        return Exchange(reqs, replies, keep)
+        sends, keep = self._post_to_all(P.Request(P.PULL))
+        return RoundTrip(reqs + sends, replies, keep)
 
-    def complete(self, exchange: Exchange) -> dict:
-        """Wait for an exchange; ``flat_weights`` then holds the servers' weights.
+    def complete(self, trip: RoundTrip) -> dict:
+        """Wait for a round trip; ``flat_weights`` then holds the servers' weights.
 
         Returns:
             ``versions`` per shard, ``stop``, max ``staleness``, and from
             server 0 ``lr_scale``, the requested ``checkpoint`` and ``advice``.
         """
-        self.ps.wait(exchange.requests, "push/pull with the parameter servers")
-        heads = exchange.replies
-        self.versions = [int(h[0]) for h in heads]
+        self.ps.wait(trip.requests, "push/pull with the parameter servers")
+        replies = [P.Reply.decode(h) for h in trip.replies]
+        self.versions = [r.version for r in replies]
+        first = replies[0]
         return {
             "versions": list(self.versions),
-            "stop": bool(max(h[1] for h in heads)),
-            "staleness": int(max(h[2] for h in heads)),
-            "lr_scale": float(heads[0][3]),
-            "checkpoint": int(heads[0][4]),
-            "advice": float(heads[0][5]),
+            "stop": any(r.stop for r in replies),
+            "staleness": max(r.staleness for r in replies),
+            "lr_scale": first.lr_scale,
+            "checkpoint": first.checkpoint,
+            "advice": first.advice,
         }
 
     def checkpointed(self, number: int) -> None:
         """Tell every server this group has saved its part of checkpoint ``number``."""
-        keep = [self._header(P.CKPT, number) for _ in range(self.K)]
-        reqs = [self.ps.mpi.Isend(h, self.G + s, P.HDR) for s, h in enumerate(keep)]
-        self.ps.wait(reqs, f"checkpoint {number} report to the parameter servers")
+        self._tell_all(
+            P.Request(P.CKPT, number),
+            f"checkpoint {number} report to the parameter servers",
+        )
 
     def unpack_into_model(self) -> None:
         """Copy ``flat_weights`` (and buffers) into the model's tensors."""
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(self.flat_weights[offset : offset + n].view_as(p))
-                offset += n
-            if self.flat_buffers is not None:
-                offset = 0
-                for b in self.buffers:
-                    n = b.numel()
-                    b.copy_(self.flat_buffers[offset : offset + n].view_as(b))
-                    offset += n
+        unflatten_from(self.flat_weights, self.params)
+        if self.flat_buffers is not None:
+            unflatten_from(self.flat_buffers, self.buffers)
 
     def done(self) -> None:
         """Tell every server this leader is finished."""
-        keep = [self._header(P.DONE) for _ in range(self.K)]
-        reqs = [self.ps.mpi.Isend(h, self.G + s, P.HDR) for s, h in enumerate(keep)]
-        self.ps.wait(reqs, "done message to the parameter servers")
+        self._tell_all(P.Request(P.DONE), "done message to the parameter servers")
 
     def receive_final(self, timeout: float | None = None) -> int:
         """On leader 0: receive every server's final shard; returns the version."""
         reqs, heads = [], []
-        for s in range(self.K):
+        for s in range(self.num_servers):
             head = np.zeros(1, dtype=np.float64)
             heads.append(head)
-            reqs.append(self.ps.mpi.Irecv(head, self.G + s, P.FINAL))
+            reqs.append(self.ps.Irecv(head, self._server(s), P.FINAL))
             for lo, hi in self.parts[s]:
                 reqs.append(
-                    self.ps.Irecv(self.flat_weights[lo:hi], self.G + s, P.FINAL)
+                    self.ps.Irecv(self.flat_weights[lo:hi], self._server(s), P.FINAL)
                 )
         if self.flat_buffers is not None:
-            reqs.append(self.ps.Irecv(self.flat_buffers, self.G, P.FINAL))
+            reqs.append(self.ps.Irecv(self.flat_buffers, self._server(0), P.FINAL))
         self.ps.wait(reqs, "final weights from the parameter servers", timeout)
         return int(max(h[0] for h in heads))

@@ -35,10 +35,9 @@ close to where it will be applied, which is the idea of DANA (Hakimi et al.,
 get a prediction; by default that is the number of groups ``G``, one update
 more than the ``G - 1`` every group sees when all run at one speed. A group
 much slower than the rest lands its gradient after many fresh ones from the
-others, which the decaying momentum does not foresee: on the digits
-benchmark predicting that far made training slower (4 updates for the slow
-group of two) or gained nothing (15 for a slow worker of four;
-bench/RESULTS.md). ``lr_g`` is undamped while the updates in between are
+others, which the decaying momentum does not foresee: predicting that far
+made training slower or gained nothing (bench/RESULTS.md, "The servers'
+momentum lookahead"). ``lr_g`` is undamped while the updates in between are
 damped, so this is an extrapolation whose gain was measured rather than an
 exact forecast. With ``overlap`` every gradient is about ``G`` updates later,
 so several groups need a larger horizon. The running staleness is not

@@ -2,7 +2,7 @@
 
 The leader pushes the group gradient to the servers and pulls fresh weights
 (:class:`~hybridagg.ps.client.PSClient`), then broadcasts them in its group
-with a small header (stop flag, whether new weights came, staleness). With
+with a small header (:mod:`hybridagg.ps.groupweights`). With
 ``overlap=True`` the leader posts the exchange and lets the group compute
 the next step on the weights it has; the reply is applied one step later,
 so each gradient is at least one version stale (counted as staleness).
@@ -10,18 +10,36 @@ so each gradient is at least one version stale (counted as staleness).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..comm import alloc
 from ..topology import Topology
-from .client import PSClient
+from .client import PSClient, RoundTrip
 from .compensation import Compensation
+from .groupweights import GroupHeader, GroupWeights
 
-__all__ = ["GroupExchange"]
+__all__ = ["ExchangeOptions", "GroupExchange"]
 
-# header a leader broadcasts in its group: stop, new weights, staleness,
-# lr scale, requested checkpoint, batch advice, server version
-_HEAD = 7
+
+@dataclass(frozen=True)
+class ExchangeOptions:
+    """How a group exchanges with the servers.
+
+    Attributes:
+        compensation: Learning-rate rule applied by the servers.
+        staleness_bound: SSP bound in a group's own updates (``None``: none).
+        max_updates: Server version after which every group is told to stop.
+        overlap: Overlap a leader's exchange with the group's next step.
+        batching: Server-side adaptive batching options (see
+            :class:`~hybridagg.ps.client.PSClient`).
+    """
+
+    compensation: Compensation
+    staleness_bound: int | None = None
+    max_updates: int | None = None
+    overlap: bool = False
+    batching: dict | None = None
 
 
 class GroupExchange:
@@ -32,12 +50,22 @@ class GroupExchange:
         params: The model's parameters (model order).
         buffers: Floating buffers that travel with the weights.
         optimizer: The user's optimizer (its class and settings go to the servers).
-        compensation: Learning-rate rule applied by the servers.
-        staleness_bound: SSP bound in a group's own updates (``None``: none).
-        max_updates: Server version after which every group is told to stop.
-        overlap: Overlap a leader's exchange with the group's next step.
-        batching: Server-side adaptive batching options (see
-            :class:`~hybridagg.ps.client.PSClient`).
+        options: How to exchange.
+
+    Attributes:
+        should_stop: The servers told every group to stop.
+        last_staleness: Staleness of the group's last update.
+        last_lr_scale: Factor the servers applied to its rates.
+        updates: Updates this rank's model has received.
+        version: Newest server version this group has seen.
+        checkpoint_requested: Newest checkpoint the servers requested.
+        checkpoint_done: Newest checkpoint this group saved.
+        advice: Batch size from server 0 (0: none).
+        stop_flags: Leader: flags sent with every push (``FLAG_STOP``).
+        seconds_per_sample: Leader: the group's compute time per sample,
+            sent with every push (adaptive batching).
+        model_versions: Leader: per shard, the version the model's weights
+            came from.
     """
 
     def __init__(
@@ -46,17 +74,18 @@ class GroupExchange:
         params: list[torch.Tensor],
         buffers: list[torch.Tensor],
         optimizer: torch.optim.Optimizer,
-        compensation: Compensation,
-        staleness_bound: int | None,
-        max_updates: int | None,
-        overlap: bool,
-        batching: dict | None = None,
+        options: ExchangeOptions,
     ) -> None:
         comms = topology.comms
-        self.topology, self.params, self.buffers = topology, params, buffers
-        self.is_leader, self.overlap = topology.is_leader, overlap
-        self.group = comms.group.dup("group.weights") if comms.group.size > 1 else None
-        self.client = None
+        self.is_leader, self.overlap = topology.is_leader, options.overlap
+        self.group = (
+            GroupWeights(
+                comms.group.dup("group.weights"), params, buffers, topology.is_leader
+            )
+            if comms.group.size > 1
+            else None
+        )
+        self.client: PSClient | None = None
         if self.is_leader:
             self.client = PSClient(
                 comms.leaders.dup("ps"),
@@ -64,31 +93,24 @@ class GroupExchange:
                 params,
                 buffers,
                 optimizer,
-                compensation,
-                staleness_bound,
-                max_updates,
-                batching=batching,
+                options.compensation,
+                options.staleness_bound,
+                options.max_updates,
+                batching=options.batching,
             )
-        numel = sum(p.numel() for p in params)
-        self.wbuf = alloc(numel, params[0].dtype, zero=False)
-        nbuf = sum(b.numel() for b in buffers)
-        self.bbuf = alloc(nbuf, torch.float64, zero=False) if nbuf else None
-        self.head = torch.zeros(_HEAD, dtype=torch.float64)
-        self.pending = None
-        self.unshared = False
-        self.model_versions = [0] * (
-            topology.comms.leaders.size - topology.num_groups if self.is_leader else 0
-        )
+        self.pending: RoundTrip | None = None
+        self.unsent = False  # the leader's model holds weights its group lacks
+        self.model_versions = [0] * (self.client.num_servers if self.client else 0)
         self.should_stop = False
         self.last_staleness = 0
         self.last_lr_scale = 1.0
         self.updates = 0
-        self.version = 0  # newest server version this group has seen
+        self.version = 0
         self.checkpoint_requested = 0
         self.checkpoint_done = 0
         self.advice = 0.0
         self.stop_flags = 0
-        self.info = 0.0
+        self.seconds_per_sample = 0.0
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
@@ -102,28 +124,28 @@ class GroupExchange:
             if samples > 0:
                 self.pending = self._push(grads, samples, lrs, computed_on)
         elif samples > 0:
-            self._apply(self.client.complete(self._push(grads, samples, lrs)))
-        new, self.unshared = self.unshared, False
+            self._take_reply(self.client.complete(self._push(grads, samples, lrs)))
+        new, self.unsent = self.unsent, False
         return new
 
-    def _push(self, grads, samples, lrs, versions=None):
+    def _push(self, grads, samples, lrs, versions=None) -> RoundTrip:
         return self.client.push(
             grads,
             samples,
             lrs,
             self.model_versions if versions is None else versions,
             flags=self.stop_flags,
-            info=self.info,
+            seconds_per_sample=self.seconds_per_sample,
         )
 
     def _finish_pending(self) -> None:
         info = self.client.complete(self.pending)
         self.pending = None
-        self._apply(info)
+        self._take_reply(info)
 
-    def _apply(self, info: dict) -> None:
+    def _take_reply(self, info: dict) -> None:
         self.client.unpack_into_model()
-        self.unshared = True  # (also after a pending reply completed by pull())
+        self.unsent = True  # (also after a pending reply completed by pull())
         self.model_versions = info["versions"]
         self.should_stop = self.should_stop or info["stop"]
         self.last_staleness = info["staleness"]
@@ -139,38 +161,28 @@ class GroupExchange:
         new = self._leader_step(grads, samples, lrs) if self.is_leader else False
         if self.group is None:
             return
+        header = None
         if self.is_leader:
-            self.head[:] = torch.tensor(
-                [
-                    float(self.should_stop),
-                    float(new),
-                    self.last_staleness,
-                    self.last_lr_scale,
-                    self.checkpoint_requested,
-                    self.advice,
-                    self.version,
-                ],
-                dtype=torch.float64,
+            header = GroupHeader(
+                stop=self.should_stop,
+                new_weights=new,
+                staleness=self.last_staleness,
+                lr_scale=self.last_lr_scale,
+                checkpoint=self.checkpoint_requested,
+                advice=self.advice,
+                version=self.version,
             )
-            if new:
-                self._pack()
-        group = self.group
-        group.Bcast(self.head, 0, what="weights header from the group leader")
-        if self.head[1] > 0:
-            reqs = [group.Ibcast(self.wbuf, 0)]
-            if self.bbuf is not None:
-                reqs.append(group.Ibcast(self.bbuf, 0))
-            group.wait(reqs, "weights from the group leader")
-            if not self.is_leader:
-                self._unpack()
-                self.updates += 1
-        if not self.is_leader:
-            self.should_stop = bool(self.head[0])
-            self.last_staleness = int(self.head[2])
-            self.last_lr_scale = float(self.head[3])
-            self.checkpoint_requested = int(self.head[4])
-            self.advice = float(self.head[5])
-            self.version = int(self.head[6])
+        got = self.group.broadcast(header, "weights")
+        if self.is_leader:
+            return
+        if got.new_weights:
+            self.updates += 1
+        self.should_stop = got.stop
+        self.last_staleness = got.staleness
+        self.last_lr_scale = got.lr_scale
+        self.checkpoint_requested = got.checkpoint
+        self.advice = got.advice
+        self.version = got.version
 
     @property
     def checkpoint_due(self) -> int:
@@ -205,47 +217,17 @@ class GroupExchange:
                 self.checkpoint_requested, info["checkpoint"]
             )
             self.checkpoint_done = self.checkpoint_requested
-            self._pack()
         if self.group is None:
             return
-        self.head[:] = float(self.version)
-        self.head[4] = self.checkpoint_done
-        self.group.Bcast(self.head, 0, what="resume header from the group leader")
-        reqs = [self.group.Ibcast(self.wbuf, 0)]
-        if self.bbuf is not None:
-            reqs.append(self.group.Ibcast(self.bbuf, 0))
-        self.group.wait(reqs, "resumed weights from the group leader")
+        header = None
+        if self.is_leader:
+            header = GroupHeader(
+                new_weights=True, checkpoint=self.checkpoint_done, version=self.version
+            )
+        got = self.group.broadcast(header, "resumed weights")
         if not self.is_leader:
-            self._unpack()
-            self.version = int(self.head[0])
-            self.checkpoint_requested = self.checkpoint_done = int(self.head[4])
-
-    def _pack(self) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            self.wbuf[offset : offset + n].copy_(p.detach().reshape(-1))
-            offset += n
-        if self.bbuf is not None:
-            offset = 0
-            for b in self.buffers:
-                n = b.numel()
-                self.bbuf[offset : offset + n].copy_(b.detach().reshape(-1))
-                offset += n
-
-    def _unpack(self) -> None:
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(self.wbuf[offset : offset + n].view_as(p))
-                offset += n
-            if self.bbuf is not None:
-                offset = 0
-                for b in self.buffers:
-                    n = b.numel()
-                    b.copy_(self.bbuf[offset : offset + n].view_as(b))
-                    offset += n
+            self.version = got.version
+            self.checkpoint_requested = self.checkpoint_done = got.checkpoint
 
     def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """On a leader: the servers' weights and buffers, flat (copies).
@@ -261,6 +243,9 @@ class GroupExchange:
 
         Does not change the model. In overlap mode a pending exchange is
         completed (and applied) first.
+
+        Raises:
+            ValueError: This rank is not a group leader.
         """
         if not self.is_leader:
             raise ValueError("only a group leader can pull from the parameter servers")

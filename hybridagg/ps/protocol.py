@@ -1,24 +1,35 @@
 """Message kinds, tags and header layouts of the parameter-server protocol.
 
-Leader -> server header (float64, ``HEAD + number of parameter groups``)::
+Ranks: on the communicator of the group leaders followed by the servers,
+leader ``g`` is rank ``g`` and server ``s`` is rank ``G + s``
+(:func:`server_rank`).
 
-    [kind, arg, samples, flags, info, reserved, lr of each parameter group...]
+Request header, leader -> server (float64, :func:`request_len`: the
+:data:`REQUEST_FIELDS` fixed fields, then one learning rate per parameter
+group)::
+
+    [kind, arg, samples, flags, seconds_per_sample, reserved, lr of each group...]
 
 ``arg`` is the version the gradient was computed from (``PUSH``) or the
 checkpoint number (``CKPT``); ``flags`` holds :data:`FLAG_STOP` (the group
-asks every group to stop, e.g. after SIGTERM); ``info`` carries the group's
-measured compute seconds per sample (adaptive batching).
+asks every group to stop, e.g. after SIGTERM); ``seconds_per_sample`` is the
+group's measured compute time per sample (adaptive batching).
 
-Server -> leader reply header (float64, :data:`REPLY_LEN`)::
+Reply header, server -> leader (float64, :data:`REPLY_LEN`)::
 
     [version, stop, staleness, lr_scale, checkpoint, advice]
 
 ``checkpoint`` is the newest checkpoint server 0 has requested; ``advice``
-is a batch size computed by server 0 (adaptive batching in async mode; 0:
-none).
+is a batch size computed by server 0 (adaptive batching; 0: none).
+:class:`Request` and :class:`Reply` write and read these layouts, so no other
+module indexes a header.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 __all__ = [
     "BUF",
@@ -28,7 +39,6 @@ __all__ = [
     "FLAG_STOP",
     "GRAD",
     "HDR",
-    "HEAD",
     "INIT",
     "PULL",
     "PUSH",
@@ -36,13 +46,125 @@ __all__ = [
     "REPLY_HDR",
     "REPLY_LEN",
     "REPLY_W",
+    "REQUEST_FIELDS",
     "WRITTEN",
+    "Reply",
+    "Request",
+    "request_len",
+    "server_rank",
 ]
 
-# message kinds (first header element)
+# message kinds (a request's first field)
 PUSH, PULL, DONE, CKPT = 1.0, 2.0, 3.0, 4.0
 # tags
 INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101, 110)
-HEAD = 6
-REPLY_LEN = 6
+# fixed fields of a request header, before the learning rates
+REQUEST_FIELDS = 6
 FLAG_STOP = 1
+
+
+def server_rank(num_groups: int, server: int) -> int:
+    """Rank of server ``server`` on the leaders-and-servers communicator."""
+    return num_groups + server
+
+
+def request_len(num_param_groups: int) -> int:
+    """Length of a request header for a model of this many parameter groups."""
+    return REQUEST_FIELDS + num_param_groups
+
+
+@dataclass(frozen=True)
+class Request:
+    """A leader's request header (see the module docstring for the layout).
+
+    Attributes:
+        kind: :data:`PUSH`, :data:`PULL`, :data:`DONE` or :data:`CKPT`.
+        arg: ``PUSH``: the version the gradient came from; ``CKPT``: the
+            checkpoint number.
+        samples: Samples in the pushed gradient.
+        flags: Bit field (:data:`FLAG_STOP`).
+        seconds_per_sample: The group's compute time per sample (0: none).
+        lrs: Current ``lr`` of each of the user's parameter groups.
+    """
+
+    kind: float
+    arg: int = 0
+    samples: float = 0.0
+    flags: int = 0
+    seconds_per_sample: float = 0.0
+    lrs: tuple[float, ...] = ()
+
+    def encode(self, length: int) -> np.ndarray:
+        """A new header of ``length`` elements (missing rates are 0)."""
+        head = np.zeros(length, dtype=np.float64)
+        head[:REQUEST_FIELDS] = (
+            self.kind,
+            self.arg,
+            self.samples,
+            self.flags,
+            self.seconds_per_sample,
+            0.0,
+        )
+        head[REQUEST_FIELDS : REQUEST_FIELDS + len(self.lrs)] = self.lrs
+        return head
+
+    @classmethod
+    def decode(cls, head: np.ndarray) -> Request:
+        """Read a received header."""
+        return cls(
+            kind=float(head[0]),
+            arg=int(head[1]),
+            samples=float(head[2]),
+            flags=int(head[3]),
+            seconds_per_sample=float(head[4]),
+            lrs=tuple(head[REQUEST_FIELDS:].tolist()),
+        )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A server's reply header (see the module docstring for the layout).
+
+    Attributes:
+        version: The server's version after this request.
+        stop: Every group is to stop (update budget reached, or a stop request).
+        staleness: Staleness of the pushed gradient (0 for a pull).
+        lr_scale: Factor the server applied to the pushed group's rates.
+        checkpoint: Newest checkpoint server 0 has requested.
+        advice: The group's batch size from server 0 (0: none).
+    """
+
+    version: int
+    stop: bool = False
+    staleness: int = 0
+    lr_scale: float = 0.0
+    checkpoint: int = 0
+    advice: float = 0.0
+
+    def encode_into(self, head: np.ndarray) -> np.ndarray:
+        """Write the header into ``head`` (:data:`REPLY_LEN` float64); returns it."""
+        head[:] = (
+            self.version,
+            1.0 if self.stop else 0.0,
+            self.staleness,
+            self.lr_scale,
+            self.checkpoint,
+            self.advice,
+        )
+        return head
+
+    @classmethod
+    def decode(cls, head: np.ndarray) -> Reply:
+        """Read a received header."""
+        return cls(
+            version=int(head[0]),
+            stop=bool(head[1]),
+            staleness=int(head[2]),
+            lr_scale=float(head[3]),
+            checkpoint=int(head[4]),
+            advice=float(head[5]),
+        )
+
+
+# fields of a reply header
+REPLY_LEN = len(fields(Reply))

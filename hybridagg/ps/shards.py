@@ -13,6 +13,9 @@ Adafactor) would see pieces: use one server for them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
+
+from ..collectives.partition import even_bounds
 
 __all__ = ["Piece", "part_ranges", "pieces_of", "shard_ranges"]
 
@@ -27,6 +30,9 @@ def shard_ranges(total: int, shards: int) -> list[tuple[int, int]]:
         raise ValueError(f"need at least one shard, got {shards}")
     if total < shards:
         raise ValueError(f"{shards} shards cannot split a model of {total} elements")
+    # The larger shards come first, not where even_bounds puts them: a
+    # checkpointed shard is restored only into a shard of its own size, so
+    # this cut is part of the checkpoint format.
     base, extra = divmod(total, shards)
     ranges, start = [], 0
     for s in range(shards):
@@ -79,5 +85,7 @@ def part_ranges(length: int, part_elems: int) -> list[tuple[int, int]]:
     """
     if part_elems < 1:
         raise ValueError(f"part size must be positive, got {part_elems}")
-    count = -(-length // part_elems)
-    return [(length * i // count, length * (i + 1) // count) for i in range(count)]
+    if length == 0:
+        return []
+    bounds = even_bounds(length, -(-length // part_elems))
+    return list(pairwise(bounds))

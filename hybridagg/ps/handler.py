@@ -1,0 +1,209 @@
+"""A server's handling of the leaders' requests: push, pull, checkpoint, done.
+
+A push arrives as a header, then the gradient shard in parts, and to server
+0 the group's buffers. The server scales each group's forwarded ``lr`` by
+the compensation and, for each part, as soon as it has arrived, applies the
+user's optimizer to it and sends the updated part back, so receiving,
+updating and replying overlap.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..comm import Comm
+from . import protocol as P
+from .advice import BatchAdvisor
+from .checkpoints import CheckpointCoordinator
+from .compensation import Compensation
+from .lookahead import Lookahead
+from .replies import ReplySender
+from .staleness import GroupBook, HeldReply
+from .store import ShardStore
+
+__all__ = ["RequestHandler"]
+
+# apply times kept for the statistics: enough for medians, bounded memory
+_MAX_APPLY_TIMES = 10_000
+
+
+class RequestHandler:
+    """One server's receipt of requests and its answers to them.
+
+    Owns the posted receive of each leader's next request header, and what
+    each kind of request does to the shard, the groups' bookkeeping, the
+    checkpoints and the replies.
+
+    Args:
+        ps: The leaders-and-servers communicator.
+        server: This server's index (server 0 enforces the staleness bound,
+            requests checkpoints and stops, and advises batches).
+        store: The shard.
+        compensation: The learning-rate rule.
+        book: The groups' progress and the staleness bound.
+        lookahead: The groups' predictions.
+        replies: The replies in flight.
+        checkpoints: The checkpoint coordination.
+        advisor: Server 0's batch advice, or ``None``.
+        request_len: Length of a request header.
+    """
+
+    def __init__(
+        self,
+        ps: Comm,
+        server: int,
+        store: ShardStore,
+        compensation: Compensation,
+        book: GroupBook,
+        lookahead: Lookahead,
+        replies: ReplySender,
+        checkpoints: CheckpointCoordinator,
+        advisor: BatchAdvisor | None,
+        request_len: int,
+    ) -> None:
+        self.ps, self.server, self.store = ps, server, store
+        self.compensation, self.book, self.lookahead = compensation, book, lookahead
+        self.replies, self.checkpoints, self.advisor = replies, checkpoints, advisor
+        self.schedule = checkpoints.schedule
+        self.pulls = 0
+        self.apply_seconds = 0.0
+        self.apply_times: list[float] = []
+        groups = book.num_groups
+        self.headers = [np.zeros(request_len, dtype=np.float64) for _ in range(groups)]
+        self.inbox = [MPI.REQUEST_NULL] * groups
+        for g in range(groups):
+            self.listen(g)
+
+    # --- the inbox ---------------------------------------------------------------
+    def listen(self, g: int) -> None:
+        """Post the receive of leader ``g``'s next request."""
+        self.inbox[g] = self.ps.Irecv(self.headers[g], g, P.HDR)
+
+    def next_request(self) -> int | None:
+        """A leader whose request has arrived, or ``None``."""
+        index = MPI.Request.Testany(self.inbox)[0]
+        return None if index == MPI.UNDEFINED else index
+
+    def handle(self, g: int) -> None:
+        """Act on leader ``g``'s request (it has arrived).
+
+        Raises:
+            RuntimeError: An unknown kind of request.
+        """
+        request = P.Request.decode(self.headers[g])
+        if request.kind == P.PUSH:
+            self.push(g, request)
+            self.listen(g)
+        elif request.kind == P.PULL:
+            self.pulls += 1
+            self.replies.send_whole(g, self._reply(g, 0, 0.0))
+            self.listen(g)
+        elif request.kind == P.CKPT:
+            # nothing more from g until the snapshot
+            self.schedule.pause(g, request.arg)
+            self.inbox[g] = MPI.REQUEST_NULL
+        elif request.kind == P.DONE:
+            self.book.finish(g)
+            self.inbox[g] = MPI.REQUEST_NULL
+            if self.server == 0:
+                self.release_held()
+        else:
+            raise RuntimeError(
+                f"server {self.server}: unknown message kind {request.kind} from leader {g}"
+            )
+
+    # --- pushes ----------------------------------------------------------------
+    def push(self, g: int, request: P.Request) -> None:
+        """Apply leader ``g``'s gradient part by part, replying with each part."""
+        ps, store = self.ps, self.store
+        if request.flags & P.FLAG_STOP and self.server == 0:
+            self.stop()
+        version = store.version
+        if self.advisor is not None:
+            self.advisor.observe(
+                g, request.seconds_per_sample, request.samples, version
+            )
+        staleness = version - request.arg
+        scale = self.compensation.scale(request.samples, version, staleness)
+        lrs = list(request.lrs)
+        self.lookahead.observe(g, staleness, lrs, request.samples, version)
+        grads = [ps.Irecv(store.grad[a:b], g, P.GRAD) for a, b in store.parts]
+        incoming = None
+        if store.buffers is not None:
+            incoming = torch.empty_like(store.buffers)
+            grads.append(ps.Irecv(incoming, g, P.BUF))
+        self.replies.before_update()
+        store.version += 1
+        self.book.record(g, staleness)
+        if self.server == 0 and self.schedule.request_due(store.version):
+            self.release_held(everyone=True)
+        hold = self.book.too_far_ahead(g, self.schedule.pending)
+        reqs = (
+            [] if hold else [self.replies.header(g, self._reply(g, staleness, scale))]
+        )
+        applied = 0.0
+        for i in range(len(store.parts)):
+            ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
+            t0 = time.perf_counter()
+            store.apply(i, lrs, scale)
+            applied += time.perf_counter() - t0
+            if not hold:
+                reqs.append(self.replies.weights(g, i, predict=True))
+        if incoming is not None:
+            ps.wait(grads[-1], f"buffers from leader {g}")
+            store.buffers.copy_(incoming)
+            if not hold:
+                reqs.append(self.replies.buffers(g))
+        self.replies.track(g, reqs)
+        self.apply_seconds += applied
+        if len(self.apply_times) < _MAX_APPLY_TIMES:
+            self.apply_times.append(applied)
+        if hold:
+            self.book.hold(HeldReply(g, staleness, scale))
+        if self.server == 0:
+            self.release_held()
+
+    def _reply(self, g: int, staleness: int, scale: float) -> P.Reply:
+        """The reply header to leader ``g``, as things stand now."""
+        version = self.store.version
+        advice = 0.0 if self.advisor is None else self.advisor.advice(g)
+        return P.Reply(
+            version=version,
+            stop=self.schedule.stop_flag(version),
+            staleness=staleness,
+            lr_scale=scale,
+            checkpoint=self.schedule.requested,
+            advice=advice,
+        )
+
+    # --- server 0: holding, stopping ----------------------------------------------
+    def release_held(self, everyone: bool = False) -> None:
+        """Send the held replies that may go now (``everyone``: all)."""
+        for held in self.book.release(everyone, self.schedule.pending):
+            reply = self._reply(held.group, held.staleness, held.lr_scale)
+            self.replies.send_whole(held.group, reply, predict=True)
+
+    def stop(self) -> None:
+        """Server 0: stop every group (after a checkpoint, if checkpointing)."""
+        if self.schedule.request_stop():
+            self.release_held(everyone=True)
+
+    # --- snapshots ---------------------------------------------------------------
+    def snapshot(self) -> None:
+        """Save this server's part of the checkpoint the paused leaders reached."""
+        number = self.schedule.snapshot_number()
+        store, book = self.store, self.book
+        state = {
+            "checkpoint": number,
+            "version": store.version,
+            "updates_per_leader": list(book.updates),
+            "done": sorted(book.done),
+            "shard": store.state(),
+        }
+        for g in self.checkpoints.save(number, state, store.version):
+            if g not in book.done:  # (at the end, every leader is done)
+                self.listen(g)

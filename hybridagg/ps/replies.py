@@ -1,0 +1,117 @@
+"""A server's replies to the leaders: headers, weights, buffers, in flight.
+
+With one group and no lookahead, replies are sent from the shard itself (no
+copy); before the shard changes, the reply in flight is completed (the
+leader posted its receives before pushing, so this is quick). With several,
+each group's reply is sent from a copy of its own: a large reply completes
+only inside the receiving leader's MPI calls, and a leader that overlaps
+its exchange with compute makes none for a whole step, so waiting for it
+would pace every other group to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..comm import Comm, alloc
+from . import protocol as P
+from .lookahead import Lookahead
+from .store import ShardStore
+
+__all__ = ["ReplySender"]
+
+
+class ReplySender:
+    """The replies of one server to each leader, and the memory they are sent from.
+
+    Args:
+        ps: The leaders-and-servers communicator (leader ``g`` is rank ``g``).
+        num_groups: Number of groups ``G``.
+        store: The server's shard.
+        lookahead: Decides which replies to a push are predictions.
+    """
+
+    def __init__(
+        self, ps: Comm, num_groups: int, store: ShardStore, lookahead: Lookahead
+    ) -> None:
+        self.ps, self.num_groups = ps, num_groups
+        self.store, self.lookahead = store, lookahead
+        self.headers = [
+            np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(num_groups)
+        ]
+        self.in_flight: list[list[MPI.Request]] = [[] for _ in range(num_groups)]
+        # per group: a copy of the weights and of the buffers to reply from
+        self.copies: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [
+            None
+        ] * num_groups
+
+    def header(self, g: int, reply: P.Reply) -> MPI.Request:
+        """Post the reply header to ``g``, once its previous reply has completed."""
+        self.ps.wait(self.in_flight[g], f"previous reply to leader {g}")
+        return self.ps.Isend(reply.encode_into(self.headers[g]), g, P.REPLY_HDR)
+
+    def weights(self, g: int, part: int, predict: bool) -> MPI.Request:
+        """Post part ``part`` of the weights to ``g`` (after :meth:`header`).
+
+        ``predict``: the reply answers a push, so it may be a prediction.
+        """
+        a, b = self.store.parts[part]
+        source = self._source(g, a, b, part if predict else None)
+        return self.ps.Isend(source, g, P.REPLY_W)
+
+    def buffers(self, g: int) -> MPI.Request:
+        """Post the buffers to ``g`` (server 0, after :meth:`header`)."""
+        return self.ps.Isend(self._source(g), g, P.REPLY_BUF)
+
+    def track(self, g: int, requests: list[MPI.Request]) -> None:
+        """``requests`` are now the reply to ``g`` in flight."""
+        self.in_flight[g] = requests
+
+    def send_whole(self, g: int, reply: P.Reply, predict: bool = False) -> None:
+        """Send ``g`` the header and every part (``predict``: an answer to a push)."""
+        reqs = [self.header(g, reply)]
+        reqs += [self.weights(g, i, predict) for i in range(len(self.store.parts))]
+        if self.store.buffers is not None:
+            reqs.append(self.buffers(g))
+        self.track(g, reqs)
+
+    def before_update(self) -> None:
+        """Complete a reply sent from the shard itself before the shard changes."""
+        if self.num_groups == 1:
+            self.ps.wait(self.in_flight[0], "reply in flight")
+
+    def wait_all(self) -> None:
+        """Complete every reply (at the end)."""
+        for g in range(self.num_groups):
+            self.ps.wait(self.in_flight[g], f"last reply to leader {g}")
+
+    def _source(
+        self,
+        g: int,
+        a: int | None = None,
+        b: int | None = None,
+        part: int | None = None,
+    ) -> torch.Tensor:
+        """The memory a reply to ``g`` sends weights ``[a, b)`` (None: buffers) from.
+
+        Call after :meth:`header` (which completes ``g``'s previous reply).
+        With ``part`` given and the lookahead on, the weights of that part are
+        the ones expected when ``g``'s next gradient is applied.
+        """
+        store = self.store
+        src = store.buffers if a is None else store.flat[a:b]
+        predict = part is not None and self.lookahead.predicts(g)
+        if self.num_groups == 1 and not predict:
+            return src
+        if self.copies[g] is None:
+            bufs = None if store.buffers is None else store.buffers.clone()
+            self.copies[g] = (alloc(store.flat.numel(), store.flat.dtype), bufs)
+        weights, bufs = self.copies[g]
+        out = bufs if a is None else weights[a:b]
+        out.copy_(src)
+        if predict:
+            la = self.lookahead
+            store.predict(part, out, la.rates[g], la.tau[g])
+        return out

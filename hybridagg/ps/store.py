@@ -1,0 +1,139 @@
+"""One server's shard: its weights and the user's optimizer over each part."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..comm import alloc
+from .compensation import lookahead_factor
+from .shards import part_ranges, pieces_of
+from .spec import ServerSpec
+
+__all__ = ["ShardStore"]
+
+
+class ShardStore:
+    """The shard a server owns, and the updates applied to it.
+
+    Owns the shard's weights (``flat``), the memory a pushed gradient lands
+    in (``grad``), server 0's copy of the floating buffers, the version (the
+    number of updates applied), and one instance of the user's optimizer per
+    part (:func:`~hybridagg.ps.shards.part_ranges`), over the pieces of
+    parameters in that part, so a part can be updated as soon as it arrives.
+
+    Args:
+        spec: This server's start-up settings (:class:`~hybridagg.ps.spec.ServerSpec`).
+    """
+
+    def __init__(self, spec: ServerSpec) -> None:
+        initial = torch.as_tensor(np.asarray(spec.shard))
+        self.flat = alloc(initial.numel(), initial.dtype, zero=False)
+        self.flat.copy_(initial)
+        self.grad = alloc(initial.numel(), initial.dtype)
+        self.version = 0
+        lo, hi = spec.shard_range
+        self.parts = part_ranges(hi - lo, spec.part_elems)
+        # per part: its optimizer and the user's group of each of its groups
+        self.optimizers: list[tuple[torch.optim.Optimizer, list[int]] | None] = []
+        for a, b in self.parts:
+            by_group: dict[int, list[torch.nn.Parameter]] = {}
+            for piece in pieces_of(spec.numels, lo + a, lo + b):
+                start = a + piece.offset
+                param = torch.nn.Parameter(self.flat[start : start + piece.numel])
+                param.grad = self.grad[start : start + piece.numel]
+                by_group.setdefault(spec.group_of[piece.param], []).append(param)
+            groups = sorted(by_group)
+            if not groups:
+                self.optimizers.append(None)
+                continue
+            hyper = [{**spec.hyper[g], "params": by_group[g]} for g in groups]
+            self.optimizers.append((spec.optimizer(hyper, **spec.defaults), groups))
+        self.buffers = (
+            torch.as_tensor(np.asarray(spec.buffers)).clone()
+            if spec.buffers is not None
+            else None
+        )
+        self.skip_update = bool(spec.skip_update)
+
+    def apply(self, part: int, lrs: list[float], scale: float) -> None:
+        """Step part ``part``'s optimizer on ``grad``, at rates ``lrs`` times ``scale``.
+
+        Args:
+            part: Index of the part.
+            lrs: The user's ``lr`` of each of its parameter groups.
+            scale: The compensation's factor for this update.
+        """
+        entry = self.optimizers[part]
+        if entry is None or self.skip_update:
+            return
+        opt, groups = entry
+        for group, user_group in zip(opt.param_groups, groups, strict=True):
+            group["lr"] = lrs[user_group] * scale
+        opt.step()
+
+    def predict(
+        self, part: int, out: torch.Tensor, lrs: list[float], staleness: float
+    ) -> None:
+        """Move ``out``, part ``part``'s weights, along ``staleness`` updates of momentum.
+
+        Each piece moves by ``lr x lookahead_factor(momentum, staleness)`` times
+        its momentum buffer; parts without a buffer (no momentum yet, or an
+        optimizer without one) stay as they are.
+
+        Args:
+            part: Index of the part.
+            out: A copy of the part's weights, changed in place.
+            lrs: The rate of each of the user's parameter groups.
+            staleness: Updates until the next gradient lands (may be fractional).
+        """
+        entry = self.optimizers[part]
+        if entry is None or self.skip_update:
+            return
+        opt, groups = entry
+        lo = self.parts[part][0]
+        size = self.flat.element_size()
+        base = self.flat.data_ptr()
+        for group, user_group in zip(opt.param_groups, groups, strict=True):
+            momentum = float(group.get("momentum", 0.0) or 0.0)
+            if momentum <= 0.0 or momentum >= 1.0:
+                continue
+            alpha = lrs[user_group] * lookahead_factor(momentum, staleness)
+            for param in group["params"]:
+                buf = opt.state.get(param, {}).get("momentum_buffer")
+                if buf is None:
+                    continue
+                # a piece is a view of flat: its place in the part, from its address
+                start = (param.data_ptr() - base) // size - lo
+                out[start : start + param.numel()].sub_(buf.reshape(-1), alpha=alpha)
+
+    def state(self) -> dict:
+        """The shard's weights, buffers and optimizer states (copies), for a checkpoint."""
+        return {
+            "flat": self.flat.clone(),
+            "buffers": None if self.buffers is None else self.buffers.clone(),
+            "optimizers": [
+                None if e is None else e[0].state_dict() for e in self.optimizers
+            ],
+        }
+
+    def load(self, state: dict) -> None:
+        """Continue from a :meth:`state` saved before.
+
+        Raises:
+            ValueError: The saved shard has another size or other parts.
+        """
+        if state["flat"].shape != self.flat.shape:
+            raise ValueError(
+                f"checkpointed shard has {state['flat'].numel()} elements, this "
+                f"server's shard {self.flat.numel()} (another model or server count?)"
+            )
+        self.flat.copy_(state["flat"])
+        if self.buffers is not None and state.get("buffers") is not None:
+            self.buffers.copy_(state["buffers"])
+        saved = state["optimizers"]
+        if len(saved) != len(self.optimizers):
+            raise ValueError("checkpointed shard was cut into other parts")
+        for entry, sd in zip(self.optimizers, saved, strict=True):
+            if entry is not None and sd is not None:
+                entry[0].load_state_dict(sd)
