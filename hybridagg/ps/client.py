@@ -15,9 +15,7 @@ from .flat import flatten_into, unflatten_from
 from .shards import part_ranges, shard_ranges
 from .spec import server_specs
 
-__all__ = ["DEFAULT_PART_BYTES", "PSClient", "RoundTrip"]
-
-DEFAULT_PART_BYTES = 4 * 2**20
+__all__ = ["PSClient", "RoundTrip"]
 
 
 @dataclass
@@ -90,10 +88,12 @@ class PSClient:
         self.params, self.buffers = params, buffers
         total = sum(p.numel() for p in params)
         self.ranges = shard_ranges(total, self.num_servers)
-        if part_bytes is None:
-            part_bytes = (
-                envvars.get_int("HYBRIDAGG_PS_PART_BYTES") or DEFAULT_PART_BYTES
-            )
+        if part_bytes is None:  # (the default lives in the registry)
+            part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
+            if part_bytes < 1:
+                raise ValueError(
+                    f"HYBRIDAGG_PS_PART_BYTES must be positive, got {part_bytes}"
+                )
         self.part_elems = max(1, int(part_bytes) // params[0].element_size())
         # per server: its parts, as ranges of the flat model
         self.parts = [
