@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     _add_convert_parser(sub)
-    from .train.options import add_arguments
+    from .train.flags import add_arguments
 
     train = sub.add_parser(
         "train",
@@ -225,7 +225,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .runtime.signals import stop_flag
 
     stop_flag()  # before torch's import: a batch system's early warning is kept
-    from .train.options import config_from_args
+    from .train.flags import config_from_args
 
     try:
         cfg = config_from_args(args)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..topology import Topology
-from .options import TrainConfig
+from .config import TrainConfig
 
 __all__ = [
     "check_manifest",
