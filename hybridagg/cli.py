@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 __all__ = ["build_parser", "main"]
 
@@ -220,6 +221,10 @@ def _launch_rank() -> int:
     return 0 if rank is None else rank
 
 
+_ERROR_GRACE_S = 2.0
+"""Seconds the other ranks wait before exiting on a bad option (see _cmd_train)."""
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
     from .runtime.signals import stop_flag
@@ -232,6 +237,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
         if _launch_rank() == 0:
             print(f"hybridagg train: error: {exc}", file=sys.stderr)
+        else:
+            # The launcher ends the whole job at the first non-zero exit; give
+            # rank 0 (maybe started later) the time to print the message.
+            time.sleep(_ERROR_GRACE_S)
         return 2
     from .comm import RemoteError
     from .train import train
