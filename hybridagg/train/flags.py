@@ -20,7 +20,7 @@ Plain ``argparse`` rather than a library that builds parsers from dataclasses
 (tyro, jsonargparse): those spell booleans, ``None`` defaults and help groups
 their own way, and the flags are a published interface that must not change.
 Attribute docstrings are not kept at run time, so they are read from this
-package's source (``ast``), once per process.
+configuration's source (``ast``), once per process.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import argparse
 import ast
 import functools
 import inspect
+import sys
 import types
 import typing
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
-from . import config
 from .config import CONCERNS, TrainConfig, flag
 
 __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
@@ -43,9 +43,10 @@ __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 @functools.cache
 def field_docs() -> dict[str, str]:
     """Each configuration field's docstring (the string literal after the field)."""
-    tree = ast.parse(inspect.getsource(config))
+    modules = dict.fromkeys(sys.modules[c.__module__] for c in CONCERNS)
+    nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
     docs: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         for stmt, after in zip(node.body, node.body[1:], strict=False):
