@@ -62,8 +62,8 @@ def warm_up_optimizer(cfg: OptimOptions) -> None:
     """Build a throwaway optimizer of the run's class before the clock starts.
 
     The first ``torch.optim`` optimizer a process builds imports
-    ``torch._dynamo`` (1.5 s here); a server would otherwise pay that inside
-    its first update, and every group would wait for it.
+    ``torch._dynamo``, which takes seconds; a server would otherwise pay that
+    inside its first update, and every group would wait for it.
     """
     scratch = torch.nn.Linear(1, 1)
     make_optimizer(cfg, scratch)
