@@ -30,7 +30,7 @@ from .clock import TrainClock
 from .epochs import Epochs
 from .progress import ProgressBar, StepLog
 from .report import publish, summarize
-from .setup import make_distributed_optimizer, make_loader, set_up_local
+from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
 from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
 from .validation import Validation
@@ -103,7 +103,7 @@ class WorkerRole:
             local.evaluator.close()
         return self._report()
 
-    def _wire(self, local, ck: Checkpointer | None, start: float) -> None:
+    def _wire(self, local: Local, ck: Checkpointer | None, start: float) -> None:
         """Restore the resumed run's counters into the parts of the step loop."""
         cfg, topo, opt = self.cfg, self.topo, self.opt
         part = local.part or {}
