@@ -86,7 +86,7 @@ def inner(args: argparse.Namespace) -> int:
 
     from hybridagg.cli import build_parser
     from hybridagg.train import train
-    from hybridagg.train.options import config_from_args
+    from hybridagg.train.flags import config_from_args
 
     out = []
     for seed in [int(s) for s in args.seeds.split(",")]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 __all__ = ["build_parser", "main"]
 
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     _add_convert_parser(sub)
-    from .train.options import add_arguments
+    from .train.flags import add_arguments
 
     train = sub.add_parser(
         "train",
@@ -220,18 +221,26 @@ def _launch_rank() -> int:
     return 0 if rank is None else rank
 
 
+_ERROR_GRACE_S = 2.0
+"""Seconds the other ranks wait before exiting on a bad option (see _cmd_train)."""
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
     from .runtime.signals import stop_flag
 
     stop_flag()  # before torch's import: a batch system's early warning is kept
-    from .train.options import config_from_args
+    from .train.flags import config_from_args
 
     try:
         cfg = config_from_args(args)
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
         if _launch_rank() == 0:
             print(f"hybridagg train: error: {exc}", file=sys.stderr)
+        else:
+            # The launcher ends the whole job at the first non-zero exit; give
+            # rank 0 (maybe started later) the time to print the message.
+            time.sleep(_ERROR_GRACE_S)
         return 2
     from .comm import RemoteError
     from .train import train

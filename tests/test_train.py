@@ -14,6 +14,7 @@ from train_helpers import output, run_train, summary
 
 from hybridagg.slowdown import parse_slowdown
 from hybridagg.train.checkpoint import Checkpointer, latest_checkpoint, load_part
+from hybridagg.train.config import TrainConfig
 from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
 from hybridagg.train.metrics import (
     MetricsWriter,
@@ -22,7 +23,6 @@ from hybridagg.train.metrics import (
     summary_row,
 )
 from hybridagg.train.models import build_model, image_shape
-from hybridagg.train.options import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_bad_options_are_named(kw, match):
 
 def test_every_config_field_has_a_command_line_flag():
     from hybridagg.cli import build_parser
-    from hybridagg.train.options import config_from_args
+    from hybridagg.train.flags import config_from_args
 
     argv = ["train", "--data", "x.h5", "--mode", "async"]
     cfg = config_from_args(build_parser().parse_args(argv))

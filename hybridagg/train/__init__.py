@@ -2,10 +2,23 @@
 
 :func:`train` runs a job on every rank; :class:`TrainConfig` holds and checks
 its options; ``models``, ``emulation``, ``metrics``, ``checkpoint`` and
-``evaluate`` are the pieces it wires together.
+``evaluate`` are the pieces it wires together. The configuration is pure and
+imported eagerly; :func:`train` (torch, MPI) on first use.
 """
 
-from .driver import train
-from .options import TrainConfig
+from __future__ import annotations
+
+from typing import Any
+
+from .config import TrainConfig
 
 __all__ = ["TrainConfig", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "train":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .driver import train
+
+    globals()["train"] = train
+    return train

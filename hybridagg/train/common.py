@@ -1,4 +1,4 @@
-"""Pieces the training roles share: optimizers, manifests, RNG state, progress."""
+"""Pieces the training roles share: optimizers, manifests, RNG state."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import numpy as np
 import torch
 
 from ..topology import Topology
-from .options import TrainConfig
+from .config import OptimOptions, TrainConfig
 
 __all__ = [
     "check_manifest",
     "make_optimizer",
     "manifest",
-    "progress_bar",
     "rng_state",
     "set_rng_state",
     "warm_up_optimizer",
@@ -59,18 +58,19 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", keys, 0))
 
 
-def warm_up_optimizer(cfg: TrainConfig) -> None:
+def warm_up_optimizer(cfg: OptimOptions) -> None:
     """Build a throwaway optimizer of the run's class before the clock starts.
 
     The first ``torch.optim`` optimizer a process builds imports
-    ``torch._dynamo`` (1.5 s here); a server would otherwise pay that inside
-    its first update, and every group would wait for it.
+    ``torch._dynamo``, which takes seconds; a server would otherwise pay that
+    inside its first update, and every group would wait for it.
     """
     scratch = torch.nn.Linear(1, 1)
     make_optimizer(cfg, scratch)
 
 
-def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: OptimOptions, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The run's ``torch.optim`` optimizer over ``model``'s parameters."""
     params = model.parameters()
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(
@@ -79,18 +79,3 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def progress_bar(cfg: TrainConfig, rank: int, start: int):
-    if rank != 0 or not cfg.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(
-        total=cfg.steps,
-        initial=start,
-        unit="upd",
-        mininterval=0.5,
-        desc=f"hybridagg {cfg.mode}",
-        dynamic_ncols=True,
-    )

@@ -17,7 +17,7 @@ from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
 from .common import check_manifest
-from .options import TrainConfig
+from .config import TrainConfig
 from .server_role import ServerRole
 from .worker import WorkerRole
 

@@ -8,6 +8,7 @@ import h5py
 import torch
 
 from ..data import HDF5Loader
+from .config import DataOptions
 
 __all__ = ["Evaluator", "load_flat"]
 
@@ -35,9 +36,17 @@ def load_flat(
 
 
 class Evaluator:
-    """Evaluates models on the ``val`` split (the ``train`` split if there is none)."""
+    """Evaluates models on the ``val`` split (the ``train`` split if there is none).
 
-    def __init__(self, cfg, model: torch.nn.Module, device: torch.device) -> None:
+    Args:
+        cfg: The data options (``cfg.data``: the HDF5 file).
+        model: The model to evaluate (unused; kept for the callers' signature).
+        device: Where batches go.
+    """
+
+    def __init__(
+        self, cfg: DataOptions, model: torch.nn.Module, device: torch.device
+    ) -> None:
         with h5py.File(cfg.data, "r") as f:
             has_val = "val" in f and len(f["val"]["labels"]) > 0
             split = "val" if has_val else "train"

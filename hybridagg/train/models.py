@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from .zoo import MODELS
 
 __all__ = ["MODELS", "build_model", "image_shape"]
 
@@ -109,13 +110,13 @@ def resnet(sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
-
-
 def build_model(
     name: str, sample_shape: tuple[int, ...], num_classes: int
 ) -> nn.Module:
     """A zoo model by name, or ``package.module:factory`` for the user's own.
+
+    A zoo name is loaded as the factory it stands for
+    (:data:`hybridagg.train.zoo.MODELS`).
 
     A factory is called with ``sample_shape=`` and ``num_classes=`` when it
     accepts them, else with no arguments, and must return a ``torch.nn.Module``.
@@ -124,9 +125,7 @@ def build_model(
         ValueError: Unknown name, a module or factory that cannot be found, or
             a factory that returns something else.
     """
-    if name in MODELS:
-        return MODELS[name](tuple(sample_shape), int(num_classes))
-    module_name, colon, attr = name.partition(":")
+    module_name, colon, attr = MODELS.get(name, name).partition(":")
     if not colon or not module_name or not attr:
         raise ValueError(
             f"unknown model {name!r}: choose one of {sorted(MODELS)} or give "

@@ -2,90 +2,140 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 from ..ps.server import serve, server_max_sleep
+from ..topology import Topology
 from .checkpoint import Checkpointer, load_part
 from .common import manifest, warm_up_optimizer
+from .config import TrainConfig
 from .metrics import MetricsWriter
 
 __all__ = ["ServerRole"]
 
 
-class ServerRole:
-    """A server rank's part of a training run."""
+class _ServerEvents:
+    """What the server loop reports: the start, checkpoints, batch decisions.
 
-    def __init__(self, cfg, topo, resume, stop) -> None:
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
+        metrics: Where ``checkpoint`` and ``batch`` records go.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        ck: Checkpointer | None,
+        metrics: MetricsWriter,
+    ) -> None:
+        self.cfg, self.topo, self.ck, self.metrics = cfg, topo, ck, metrics
+        self.start = 0.0
+        self._last: dict = {}
+
+    def on_ready(self) -> None:
+        """The shards are in place: start the clock with the workers."""
+        self.topo.comms.world.barrier(what="start of training")
+        self.start = time.perf_counter()
+
+    def on_snapshot(self, number: int, state: dict) -> None:
+        """Write this server's part of checkpoint ``number``."""
+        t = time.perf_counter()
+        self.ck.write(number, {"server": state})
+        self._last = state
+        self.metrics.write(
+            "checkpoint",
+            t=t - self.start,
+            number=number,
+            seconds=time.perf_counter() - t,
+            version=state["version"],
+        )
+
+    def on_commit(self, number: int) -> None:
+        """Server 0: every part is written; publish checkpoint ``number``."""
+        state = self._last
+        self.ck.commit(
+            number,
+            manifest(
+                self.cfg,
+                self.topo,
+                version=state["version"],
+                done_groups=state["done"],
+            ),
+        )
+
+    def on_batch(self, version: int, decision) -> None:
+        """Server 0 resized the groups' batches."""
+        self.metrics.write(
+            "batch",
+            t=time.perf_counter() - self.start,
+            scope="server",
+            version=version,
+            old=decision.old,
+            new=decision.new,
+            seconds_per_sample=decision.seconds_per_sample,
+        )
+
+
+class ServerRole:
+    """A server rank's part of a training run.
+
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        resume: The checkpoint to resume from (``None``: a fresh start).
+        stop: The process's stop flag.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        resume: Path | None,
+        stop: threading.Event,
+    ) -> None:
         self.cfg, self.topo, self.resume, self.stop = cfg, topo, resume, stop
 
+    def _restore(self) -> dict | None:
+        """This server's state in the checkpoint resumed from (``None``: fresh)."""
+        server_max_sleep()  # a bad value: the same error on every rank, here
+        if self.resume is None:
+            return None
+        part = load_part(self.resume, self.topo.rank)
+        if part is None:
+            raise ValueError(
+                f"checkpoint {self.resume} has no part for server rank {self.topo.rank}"
+            )
+        return part["server"]
+
     def run(self) -> None:
+        """Serve until every group is done, then report (collective with the workers)."""
         cfg, topo, world = self.cfg, self.topo, self.topo.comms.world
         err, restore = None, None
         ck = Checkpointer(cfg.checkpoint, topo.rank) if cfg.checkpoint else None
         try:
-            server_max_sleep()  # a bad value: the same error on every rank, here
-            if self.resume is not None:
-                part = load_part(self.resume, topo.rank)
-                if part is None:
-                    raise ValueError(
-                        f"checkpoint {self.resume} has no part for server rank {topo.rank}"
-                    )
-                restore = part["server"]
+            restore = self._restore()
         except ValueError as exc:
             err = exc
         world.check(err, what="set-up")  # phase 1: models, checkpoints
         world.check(None, what="data")  # phase 2: the workers' loader
         metrics = MetricsWriter(cfg.metrics, topo.rank)
         warm_up_optimizer(cfg)
-        clock: dict = {}
-        last: dict = {}
-
-        def on_ready() -> None:
-            world.barrier(what="start of training")
-            clock["start"] = time.perf_counter()
-
-        def on_snapshot(number: int, state: dict) -> None:
-            t = time.perf_counter()
-            ck.write(number, {"server": state})
-            last["state"] = state
-            metrics.write(
-                "checkpoint",
-                t=t - clock["start"],
-                number=number,
-                seconds=time.perf_counter() - t,
-                version=state["version"],
-            )
-
-        def on_commit(number: int) -> None:
-            state = last["state"]
-            ck.commit(
-                number,
-                manifest(
-                    cfg, topo, version=state["version"], done_groups=state["done"]
-                ),
-            )
-
-        def on_batch(version: int, decision) -> None:
-            metrics.write(
-                "batch",
-                t=time.perf_counter() - clock["start"],
-                scope="server",
-                version=version,
-                old=decision.old,
-                new=decision.new,
-                seconds_per_sample=decision.seconds_per_sample,
-            )
-
+        events = _ServerEvents(cfg, topo, ck, metrics)
         first = topo.servers[0] == topo.rank
         stats = serve(
             topo,
             checkpoint_every=cfg.checkpoint_every,
-            on_snapshot=on_snapshot if ck else None,
-            on_commit=on_commit if (ck and first) else None,
+            on_snapshot=events.on_snapshot if ck else None,
+            on_commit=events.on_commit if (ck and first) else None,
             stop_requested=self.stop.is_set,
             restore=restore,
-            on_ready=on_ready,
-            on_batch=on_batch,
+            on_ready=events.on_ready,
+            on_batch=events.on_batch,
         )
         metrics.close()
         report = {

@@ -1,0 +1,118 @@
+"""``hybridagg train``'s configuration: one validated dataclass, grouped by concern.
+
+Pure logic (no torch, no MPI), so every rank reaches the same verdict before
+any communication starts, and the command line (:mod:`hybridagg.train.flags`)
+is generated from the fields: a field's name is its flag (``batch_size`` is
+``--batch-size``; a boolean that defaults to true is ``--no-NAME``), its
+default is the flag's default, and the first paragraph of its docstring is
+the flag's help (:mod:`.fields`).
+
+Each concern is a frozen dataclass of its own that checks its own fields:
+what to train (:mod:`.training`), how to aggregate (:mod:`.aggregation`),
+heterogeneity (:mod:`.heterogeneity`), measuring and saving
+(:mod:`.outputs`). :class:`TrainConfig` is all of them together
+(:data:`CONCERNS`, in the order of ``--help``) and adds the checks that span
+concerns. Access stays flat (``cfg.lr``, ``cfg.mode``): the flags are one
+flat namespace, so the fields are too, ``TrainConfig(data=..., lr=...)`` is
+the public constructor, and the checkpoint manifest keeps its flat
+``config``. A function that needs one concern takes that concern's type
+(``make_optimizer(cfg: OptimOptions, ...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .aggregation import (
+    ALLREDUCE_BACKENDS,
+    ExecutionOptions,
+    StalenessOptions,
+    TopologyOptions,
+)
+from .fields import check_declared, flag, option
+from .heterogeneity import AdaptiveOptions, EmulationOptions
+from .outputs import CheckpointOptions, EvaluationOptions, OutputOptions
+from .training import (
+    OPTIMIZERS,
+    DataOptions,
+    LengthOptions,
+    ModelOptions,
+    OptimOptions,
+)
+
+__all__ = [
+    "ALLREDUCE_BACKENDS",
+    "CONCERNS",
+    "OPTIMIZERS",
+    "AdaptiveOptions",
+    "CheckpointOptions",
+    "DataOptions",
+    "EmulationOptions",
+    "EvaluationOptions",
+    "ExecutionOptions",
+    "LengthOptions",
+    "ModelOptions",
+    "OptimOptions",
+    "OutputOptions",
+    "StalenessOptions",
+    "TopologyOptions",
+    "TrainConfig",
+    "flag",
+    "option",
+]
+
+
+# The concerns are listed last to first: a dataclass collects its bases' fields
+# from the last base to the first, so the fields (and repr, and the manifest's
+# config) follow the order of --help.
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(
+    CheckpointOptions,
+    OutputOptions,
+    EvaluationOptions,
+    AdaptiveOptions,
+    EmulationOptions,
+    ExecutionOptions,
+    StalenessOptions,
+    TopologyOptions,
+    LengthOptions,
+    OptimOptions,
+    ModelOptions,
+    DataOptions,
+):
+    """Everything one training run needs (see ``hybridagg train --help``).
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+    def __post_init__(self) -> None:
+        # called by class: through the instance, _check would find only the
+        # first concern's in the method resolution order
+        for concern in CONCERNS:
+            check_declared(self, concern)
+            concern._check(self)
+        if self.mode == "sync" and (self.staleness_bound is not None or self.overlap):
+            raise ValueError(
+                "--staleness-bound and --overlap need --mode hybrid or async"
+            )
+        if self.adaptive_groups and not (self.adaptive_batch and self.mode == "hybrid"):
+            raise ValueError(
+                "--adaptive-groups needs --adaptive-batch and --mode hybrid"
+            )
+        if self.max_batch is not None and not (
+            self.min_batch <= self.batch_size <= self.max_batch
+        ):
+            raise ValueError(
+                f"--batch-size {self.batch_size} must lie within --min-batch "
+                f"{self.min_batch} and --max-batch {self.max_batch}"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, flat (for the summary and the checkpoint manifest)."""
+        return asdict(self)
+
+
+CONCERNS: tuple[type, ...] = TrainConfig.__bases__[::-1]
+"""The concerns, in the order of ``hybridagg train --help``."""

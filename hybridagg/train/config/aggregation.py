@@ -1,0 +1,105 @@
+"""How to aggregate: the topology, stale gradients, how a step runs (pure logic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...modes import MODES, check_mode
+from ...ps.compensation import DAMPING_RULES
+from .fields import Concern, option
+
+__all__ = [
+    "ALLREDUCE_BACKENDS",
+    "ExecutionOptions",
+    "StalenessOptions",
+    "TopologyOptions",
+]
+
+# hybridagg.optimizer.backends.BACKENDS, which imports MPI (tests/test_train_config.py
+# checks that the two agree)
+ALLREDUCE_BACKENDS = ("auto", "mpi", "torch", "horovod")
+
+HOW = "how to aggregate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologyOptions(Concern):
+    """Who does what: the mode, the groups of workers, the parameter servers."""
+
+    help_group: ClassVar[str] = HOW
+
+    mode: str = option("sync", choices=MODES)
+    """sync: one all-reduce over every worker per step; hybrid: groups all-reduce
+    inside and meet parameter servers asynchronously; async: every worker alone
+    with the servers"""
+
+    groups: str | None = None
+    """world, each, node, device, speed[:K], slurm, 0-3,4-5 or a JSON file
+    (default: world/node/each by mode)"""
+
+    servers: int | None = None
+    """parameter servers: the last K ranks (default 0 in sync, 1 in hybrid and
+    async)"""
+
+    def _check(self) -> None:
+        check_mode(
+            self.mode,
+            servers=self.servers,
+            singleton_groups=None if self.groups in (None, "each") else False,
+            groups=f"--groups {self.groups}",
+            cli=True,
+        )
+
+    @property
+    def num_servers(self) -> int:
+        """Servers: as given, else 0 in sync mode and 1 otherwise."""
+        if self.servers is not None:
+            return self.servers
+        return 0 if self.mode == "sync" else 1
+
+    @property
+    def group_spec(self) -> str:
+        """The grouping policy: as given, else ``world`` (sync), ``node`` (hybrid), ``each`` (async)."""
+        if self.groups:
+            return self.groups
+        return {"sync": "world", "hybrid": "node", "async": "each"}[self.mode]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StalenessOptions(Concern):
+    """How the parameter servers treat stale gradients (hybrid, async)."""
+
+    help_group: ClassVar[str] = HOW
+
+    damping: str = option("inverse", choices=DAMPING_RULES)
+    """staleness damping of the lr: inverse 1/(1+staleness), sqrt
+    1/sqrt(1+staleness), none"""
+
+    lookahead: bool = True
+    """momentum lookahead (hybrid, async): a push is answered with the weights
+    expected when the group's next gradient lands, not the current ones"""
+
+    lookahead_horizon: float | None = option(None, at_least=0)
+    """groups whose mean staleness exceeds this many updates get the current
+    weights (default: the number of groups)"""
+
+    staleness_bound: int | None = option(None, at_least=0)
+    """SSP: a group may be at most this many of its updates ahead"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionOptions(Concern):
+    """Where a step computes and how its communication runs."""
+
+    help_group: ClassVar[str] = HOW
+
+    overlap: bool = False
+    """overlap a leader's exchange with its group's next step"""
+
+    allreduce_backend: str = option("auto", choices=ALLREDUCE_BACKENDS)
+    """the all-reduce inside a group: mpi, torch (NCCL on CUDA, gloo on CPU) or
+    horovod; auto takes torch for CUDA parameters, else mpi"""
+
+    device: str = "cpu"
+    """cpu, or cuda: one GPU per node-local rank"""

@@ -1,0 +1,66 @@
+"""Measuring and saving: validation, metrics and summary, checkpoints (pure logic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .fields import Concern, option
+
+__all__ = ["CheckpointOptions", "EvaluationOptions", "OutputOptions"]
+
+MEASURING = "measuring and saving"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationOptions(Concern):
+    """Validation on rank 0."""
+
+    help_group: ClassVar[str] = MEASURING
+
+    eval_every: int = option(50, at_least=1)
+    """updates between validations"""
+
+    target_accuracy: float | None = None
+    """for time_to_target_s (0-1)"""
+
+    def _check(self) -> None:
+        target = self.target_accuracy
+        if target is not None and not 0 < target <= 1:
+            raise ValueError(f"--target-accuracy is a fraction in (0, 1], got {target}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputOptions(Concern):
+    """What the run writes and shows besides checkpoints."""
+
+    help_group: ClassVar[str] = MEASURING
+
+    metrics: str | None = None
+    """JSON lines: one record per step per rank"""
+
+    summary: str | None = None
+    """JSON summary of the run"""
+
+    progress: bool = True
+    """the progress bar and the final table on rank 0"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOptions(Concern):
+    """Checkpoints and resuming from them."""
+
+    help_group: ClassVar[str] = MEASURING
+
+    checkpoint: str | None = None
+    """checkpoint directory"""
+
+    checkpoint_every: int | None = option(None, at_least=1)
+    """updates between checkpoints"""
+
+    resume: bool = False
+    """continue from the last checkpoint"""
+
+    def _check(self) -> None:
+        if (self.checkpoint_every or self.resume) and not self.checkpoint:
+            raise ValueError("--checkpoint-every and --resume need --checkpoint DIR")

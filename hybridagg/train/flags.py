@@ -1,0 +1,136 @@
+"""``hybridagg train``'s command line, generated from the configuration's fields.
+
+Every flag comes from one field of :class:`~hybridagg.train.config.TrainConfig`
+(walked concern by concern, :data:`~hybridagg.train.config.CONCERNS`), so a
+default, a type or a description lives in one place:
+
+* the flag is the field's name with dashes (:func:`~hybridagg.train.config.flag`);
+  a boolean is a switch that turns its default around: ``--overlap`` for a
+  field that defaults to false, ``--no-lookahead`` for one that defaults to
+  true;
+* the type is the field's annotation without ``None``; ``str`` needs none;
+* the default is the field's (a field without one is a required flag), shown
+  in the help unless it is ``None`` or a switch's;
+* the help is the first paragraph of the field's docstring (``metadata["help"]``
+  when it must be computed); a ``--no-NAME`` switch says "turn off" before it;
+* ``metadata["choices"]`` become the flag's choices;
+* each concern's ``help_group`` is its group in ``--help``.
+
+Plain ``argparse`` rather than a library that builds parsers from dataclasses
+(tyro, jsonargparse): those spell booleans, ``None`` defaults and help groups
+their own way, and the flags are a published interface that must not change.
+Attribute docstrings are not kept at run time, so they are read from this
+configuration's source (``ast``), once per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import inspect
+import sys
+import types
+import typing
+from dataclasses import MISSING, Field, fields
+from typing import Any
+
+from .config import CONCERNS, TrainConfig, flag
+
+__all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
+
+
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """Each configuration field's docstring (the string literal after the field)."""
+    modules = dict.fromkeys(sys.modules[c.__module__] for c in CONCERNS)
+    nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
+    docs: dict[str, str] = {}
+    for node in nodes:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt, after in zip(node.body, node.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _help(f: Field, *, switch: bool) -> str | None:
+    """The help of ``f``'s flag; ``switch``: a boolean switch (no default shown)."""
+    text = f.metadata.get("help")
+    if text is None:
+        doc = field_docs().get(f.name)
+        if doc is None:
+            return None
+        text = " ".join(doc.split("\n\n")[0].split())
+    text = text.replace("%", "%%")  # argparse formats help with %
+    if switch:
+        return f"turn off {text}" if f.default else text
+    if f.default is not MISSING and f.default is not None:
+        text += " (default %(default)s)"
+    return text
+
+
+def _value_type(hint: Any) -> type | None:
+    """The parser's ``type=`` for a field annotated ``hint`` (``None`` for ``str``)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return None if hint is str else hint
+
+
+def _add(group: argparse._ArgumentGroup, f: Field, hint: Any) -> None:
+    if hint is bool:  # a switch that turns the default around
+        name = "--no-" + flag(f.name)[2:] if f.default else flag(f.name)
+        group.add_argument(
+            name,
+            dest=f.name,
+            action="store_false" if f.default else "store_true",
+            help=_help(f, switch=True),
+        )
+        return
+    kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, switch=False)}
+    if f.default is MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = f.default
+    value_type = _value_type(hint)
+    if value_type is not None:
+        kwargs["type"] = value_type
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    group.add_argument(flag(f.name), **kwargs)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``hybridagg train`` to ``p``, one per configuration field."""
+    hints = typing.get_type_hints(TrainConfig)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for concern in CONCERNS:
+        title = concern.help_group
+        if title not in groups:
+            groups[title] = p.add_argument_group(title)
+        for f in fields(concern):
+            _add(groups[title], f, hints[f.name])
+
+
+def option_strings() -> list[str]:
+    """Every flag of ``hybridagg train``, sorted (``-h`` and ``--help`` left out)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_arguments(p)
+    return sorted(s for a in p._actions for s in a.option_strings)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Build and validate a :class:`TrainConfig` from parsed arguments.
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+    names = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})

@@ -1,0 +1,88 @@
+"""The run's summary: rank 0 puts the workers' reports together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...topology import Topology
+from ..config import TrainConfig
+from ..emulation import ideal_samples_per_sec
+from ..metrics import format_table, summary_row
+
+__all__ = ["publish", "summarize"]
+
+
+def summarize(
+    cfg: TrainConfig,
+    topo: Topology,
+    reports: list[dict],
+    *,
+    updates: int,
+    epochs: int,
+    time_to_target_s: float | None,
+    final_accuracy: float | None,
+    resumed_from: Path | None,
+) -> dict:
+    """The summary of a run from every rank's report (``hybridagg train --summary``).
+
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        reports: Every rank's report (servers' included, left out here).
+        updates: Model updates (all-reduce steps, or the final server version).
+        epochs: Epochs finished.
+        time_to_target_s: Training seconds to ``--target-accuracy``.
+        final_accuracy: The accuracy at the end.
+        resumed_from: The checkpoint this run resumed from.
+    """
+    workers = [r for r in reports if r["role"] == "worker"]
+    wall = max(r["wall_s"] for r in workers)
+    samples = sum(r["samples"] for r in workers)
+    busy = sum(r["busy_s"] for r in workers)
+    stale_n = sum(r["stale_n"] for r in workers)
+    if cfg.sample_ms > 0:
+        ideal = ideal_samples_per_sec(
+            cfg.parsed_slowdown(), topo.num_workers, cfg.sample_ms, wall
+        )
+    else:
+        ideal = None
+    return {
+        "mode": cfg.mode,
+        "world_size": topo.world_size,
+        "workers": topo.num_workers,
+        "groups": [list(g) for g in topo.groups],
+        "servers": len(topo.servers),
+        "model": cfg.model,
+        "batch_size": cfg.batch_size,
+        "samples": samples,
+        "samples_per_sec": samples / wall if wall > 0 else 0.0,
+        "ideal_samples_per_sec": ideal,
+        "efficiency": (samples / wall) / ideal if ideal else None,
+        "wall_s": wall,
+        "time_to_target_s": time_to_target_s,
+        "target_accuracy": cfg.target_accuracy,
+        "final_accuracy": final_accuracy,
+        "steps": updates,
+        "epochs": epochs,
+        "stall_fraction": sum(r["wait_s"] for r in workers) / busy if busy else 0.0,
+        "mean_staleness": (sum(r["stale_sum"] for r in workers) / stale_n)
+        if stale_n
+        else 0.0,
+        "slowdown": cfg.slowdown,
+        "sample_ms": cfg.sample_ms,
+        "damping": cfg.damping if cfg.mode != "sync" else None,
+        "lookahead": cfg.lookahead and cfg.mode != "sync",
+        "lookahead_horizon": cfg.lookahead_horizon,
+        "seed": cfg.seed,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+    }
+
+
+def publish(cfg: TrainConfig, summary: dict) -> None:
+    """Write the summary to ``--summary`` and print its table (unless ``--no-progress``)."""
+    if cfg.summary:
+        Path(cfg.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.summary).write_text(json.dumps(summary, indent=1) + "\n")
+    if cfg.progress:
+        print(format_table([summary_row(summary)]), flush=True)

@@ -1,0 +1,232 @@
+"""The worker role of ``hybridagg train``: it wires the worker's parts together.
+
+Set-up (:mod:`.setup`) passes two world-level agreements, so a bad model,
+data file or checkpoint stops every rank with one message. Then each step
+(:mod:`.step`) is recorded (:mod:`.progress`), feeds the adaptive batches,
+validation (:mod:`.validation`), the epoch count (:mod:`.epochs`),
+checkpoints (:mod:`.checkpoints`) and the stop signal (:mod:`.stopping`);
+at the end rank 0 merges the metrics and writes the summary (:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from ...comm import Comm
+from ...optimizer import broadcast_parameters
+from ...topology import Topology
+from ..adaptive import AdaptiveBatches
+from ..checkpoint import Checkpointer
+from ..common import rng_state
+from ..config import TrainConfig
+from ..emulation import Pacer
+from ..metrics import MetricsWriter, merge_parts
+from .checkpoints import WorkerCheckpoints
+from .clock import TrainClock
+from .epochs import Epochs
+from .progress import ProgressBar, StepLog
+from .report import publish, summarize
+from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
+from .step import MORE, Stepper, loss_fn
+from .stopping import StopSignal
+from .validation import Validation
+
+__all__ = ["WorkerRole"]
+
+T = TypeVar("T")
+
+
+def _agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
+    """Run a set-up phase; a failure on any rank is the same error on every rank."""
+    err, value = None, None
+    try:
+        value = build()
+    except (ValueError, TypeError, OSError) as exc:
+        err = exc
+    world.check(err, what=what)
+    return value
+
+
+class WorkerRole:
+    """A worker rank's part of a training run.
+
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        resume: The checkpoint to resume from (``None``: a fresh start).
+        manifest: Its manifest.
+        stop: The process's stop flag.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        resume: Path | None,
+        manifest: dict | None,
+        stop: threading.Event,
+    ) -> None:
+        self.cfg, self.topo, self.resume, self.manifest = cfg, topo, resume, manifest
+        self.stop = stop
+        self.rank = topo.rank
+        self.world = topo.comms.world
+
+    def run(self) -> dict | None:
+        """Train; returns the summary on rank 0, ``None`` elsewhere."""
+        cfg, topo, world = self.cfg, self.topo, self.world
+        local = _agreed(
+            world, "set-up", lambda: set_up_local(cfg, topo, self.resume, self.manifest)
+        )
+        self.model, self.optimizer = local.model, local.optimizer
+        self.loader = _agreed(
+            world, "data", lambda: make_loader(cfg, topo, local, self.resume)
+        )
+        if local.part is None and not local.done_already:
+            broadcast_parameters(self.model.state_dict(), 0, topo)
+        self.metrics = MetricsWriter(cfg.metrics, self.rank)
+        ck = Checkpointer(cfg.checkpoint, self.rank) if cfg.checkpoint else None
+        self.opt = make_distributed_optimizer(cfg, topo, local)
+        world.barrier(what="start of training")
+        start = time.perf_counter()
+        self.adaptive = AdaptiveBatches(
+            cfg, topo, self.opt, self.loader, self.metrics, start
+        )
+        self._wire(local, ck, start)
+        if not local.done_already:
+            self._train()
+        self._finish()
+        if local.evaluator is not None:
+            local.evaluator.close()
+        return self._report()
+
+    def _wire(self, local: Local, ck: Checkpointer | None, start: float) -> None:
+        """Restore the resumed run's counters into the parts of the step loop."""
+        cfg, topo, opt = self.cfg, self.topo, self.opt
+        part = local.part or {}
+        sync = cfg.mode == "sync"
+        self.clock = TrainClock(start, float(part.get("train_time_s", 0.0)))
+        if sync:
+            opt.updates = int(part.get("updates", 0))
+        elif self.resume is not None and not local.done_already:
+            opt.refresh_from_servers()
+        self.epochs = Epochs(
+            self.loader, cfg.max_epochs, int(part.get("epochs_done", 0))
+        )
+        self.log = StepLog(
+            topo,
+            sync=sync,
+            opt=opt,
+            metrics=self.metrics,
+            clock=self.clock,
+            steps=int(part.get("step", 0)),
+        )
+        self.validation = Validation(
+            cfg,
+            sync=sync,
+            evaluator=local.evaluator,
+            model=self.model,
+            opt=opt,
+            metrics=self.metrics,
+            clock=self.clock,
+            first_target=part.get("time_to_target_s"),
+        )
+        self.signal = StopSignal(self.stop, opt, sync=sync, is_leader=topo.is_leader)
+        self.checkpoints = WorkerCheckpoints(
+            cfg,
+            topo,
+            ck,
+            opt=opt,
+            model=self.model,
+            optimizer=self.optimizer,
+            metrics=self.metrics,
+            clock=self.clock,
+            part_state=self._part_state,
+            number=int(self.resume.name.split("-")[1]) if self.resume else 0,
+        )
+
+    def _part_state(self) -> dict:
+        """This worker's state in a checkpoint part."""
+        return {
+            "loader": self.loader.state_dict(),
+            "rng": rng_state(),
+            "step": self.log.steps,
+            "epochs_done": self.epochs.done,
+            "train_time_s": self.clock.train_time(),
+            "time_to_target_s": self.validation.first_target,
+        }
+
+    def _budget_spent(self) -> bool:
+        cfg, opt = self.cfg, self.opt
+        if cfg.steps is not None and cfg.mode == "sync" and opt.updates >= cfg.steps:
+            return True
+        return opt.should_stop  # the servers' budget, or a stop after a signal
+
+    def _train(self) -> None:
+        cfg, opt = self.cfg, self.opt
+        pacer = Pacer(cfg.parsed_slowdown(), self.rank, cfg.sample_ms, self.clock.start)
+        bar = ProgressBar(cfg, self.rank, opt.server_version)
+        if cfg.adaptive_batch and self.resume is None:
+            self.adaptive.probe(self.model, loss_fn, pacer)
+        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal)
+        self.epochs.begin()
+        while not self._budget_spent():
+            result = stepper.step(self.epochs)
+            self.log.record(result, self.epochs.done)
+            signalled = self.signal.seen()
+            if cfg.adaptive_batch:
+                self.adaptive.after_step()
+            bar.update(
+                opt.server_version,
+                self.loader.batch_size,
+                result.loss,
+                self.validation.last_accuracy,
+            )
+            self.validation.maybe_run()
+            if result.total_samples == 0:  # every worker in the reduction ran out
+                if self.epochs.end():
+                    break
+                continue
+            last = self.epochs.ended_with(opt.shared[:, MORE])
+            self.checkpoints.maybe_write(signalled)
+            if signalled and self.signal.stop_here():
+                break
+            if last:
+                break
+        bar.close()
+        self.epochs.close()
+
+    def _finish(self) -> None:
+        self.checkpoints.write_last()
+        self.end = time.perf_counter()
+        self.final_version = self.opt.finish()
+        self.loader.close()
+        self.validation.maybe_run(final=True)
+
+    def _report(self) -> dict | None:
+        cfg, topo, world = self.cfg, self.topo, self.world
+        mine = self.log.report(self.end - self.clock.start)
+        reports = world.allgather(mine, what="run report")
+        self.metrics.close()
+        world.barrier(what="metrics written")
+        topo.comms.free()
+        if self.rank != 0:
+            return None
+        if cfg.metrics:
+            merge_parts(cfg.metrics, topo.world_size)
+        sync = cfg.mode == "sync"
+        summary = summarize(
+            cfg,
+            topo,
+            reports,
+            updates=self.opt.updates if sync else (self.final_version or 0),
+            epochs=self.epochs.done,
+            time_to_target_s=self.validation.first_target,
+            final_accuracy=self.validation.final_accuracy,
+            resumed_from=self.resume,
+        )
+        publish(cfg, summary)
+        return summary

@@ -1,0 +1,140 @@
+"""A worker's set-up: model, optimizer, evaluator, the part resumed, loader, distributed optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...data import HDF5Loader
+from ...data.loader import load_split_info
+from ...optimizer import DistributedOptimizer
+from ...ps.compensation import Compensation
+from ...topology import Topology
+from ..adaptive import server_batching
+from ..checkpoint import load_part
+from ..common import make_optimizer, set_rng_state
+from ..config import TrainConfig
+from ..evaluate import Evaluator
+from ..models import build_model
+
+__all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
+
+
+@dataclass
+class Local:
+    """What a worker builds without communicating."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    evaluator: Evaluator | None
+    """Rank 0's, ``None`` elsewhere."""
+    window_blocks: int
+    """Blocks per loader window (the shuffle buffer and the dynamic chunk)."""
+    part: dict | None = None
+    """This rank's part of the checkpoint resumed from."""
+    done_already: bool = False
+    """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
+
+
+def set_up_local(
+    cfg: TrainConfig, topo: Topology, resume: Path | None, manifest: dict | None
+) -> Local:
+    """Build the model, its optimizer and (rank 0) the evaluator; load the resumed part.
+
+    Raises:
+        ValueError, TypeError, OSError: A bad model, data file or checkpoint.
+    """
+    torch.manual_seed(cfg.seed)
+    info = load_split_info([cfg.data], "train")[0]
+    # windows (the shuffle buffer and the dynamic chunk) of up to 8 blocks,
+    # but at least 8 windows per worker and epoch so shares can balance
+    blocks = -(-info.length // info.block_samples)
+    window_blocks = max(1, min(8, blocks // (8 * topo.num_workers)))
+    device = torch.device(cfg.device)
+    model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
+    optimizer = make_optimizer(cfg, model)
+    evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
+    local = Local(model, optimizer, device, evaluator, window_blocks)
+    if resume is None:
+        return local
+    local.part = load_part(resume, topo.rank)
+    if local.part is None:
+        done = manifest.get("done_groups", [])
+        if cfg.mode == "sync" or topo.group not in done:
+            raise ValueError(f"checkpoint {resume} has no part for rank {topo.rank}")
+        local.done_already = True
+        return local
+    if cfg.mode == "sync":
+        first = local.part if topo.rank == 0 else load_part(resume, 0)
+        try:
+            model.load_state_dict(first["model"])
+            optimizer.load_state_dict(first["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ValueError(
+                f"checkpoint {resume} does not fit model {cfg.model!r}: {exc}"
+            ) from None
+    set_rng_state(local.part["rng"])
+    return local
+
+
+def make_loader(
+    cfg: TrainConfig, topo: Topology, local: Local, resume: Path | None
+) -> HDF5Loader:
+    """The training loader, positioned where the resumed part left it.
+
+    Raises:
+        ValueError, TypeError, OSError: A bad data file or loader state.
+    """
+    loader = HDF5Loader(
+        cfg.data,
+        batch_size=cfg.batch_size,
+        comm=topo.comms.workers,
+        shares="static" if cfg.mode == "sync" else "dynamic",
+        seed=cfg.seed,
+        window_blocks=local.window_blocks,
+        normalize=True,
+        device=local.device,
+    )
+    if local.part is not None:
+        loader.load_state_dict(local.part["loader"])
+    elif cfg.mode != "sync" and resume is not None:
+        # a finished group still takes part in the collective resume
+        loader.load_state_dict(
+            {
+                "kind": "dynamic",
+                "epoch": 0,
+                "carry": [],
+                "taken": [],
+                "counter": None,
+                "n_windows": loader.windows_per_epoch,
+            }
+        )
+    return loader
+
+
+def make_distributed_optimizer(
+    cfg: TrainConfig, topo: Topology, local: Local
+) -> DistributedOptimizer:
+    """The distributed optimizer (collective: the servers receive their shards here)."""
+    return DistributedOptimizer(
+        local.optimizer,
+        local.model.named_parameters(),
+        topo,
+        mode=cfg.mode,
+        model=local.model,
+        allreduce_backend=cfg.allreduce_backend,
+        compensation=Compensation(
+            reference_batch=cfg.batch_size,
+            warmup_updates=cfg.warmup_updates,
+            staleness=cfg.damping,
+            lookahead=cfg.lookahead,
+            lookahead_horizon=cfg.lookahead_horizon,
+        ),
+        staleness_bound=cfg.staleness_bound,
+        max_updates=cfg.steps if cfg.mode != "sync" else None,
+        overlap=cfg.overlap,
+        server_batching=server_batching(cfg, topo),
+    )

@@ -1,0 +1,92 @@
+"""Validation during training, on rank 0: when, on which weights, time to target."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ...optimizer import DistributedOptimizer
+from ..config import EvaluationOptions
+from ..evaluate import Evaluator, load_flat
+from ..metrics import MetricsWriter
+from .clock import TrainClock
+
+__all__ = ["Validation"]
+
+
+class Validation:
+    """Owns validation: every ``--eval-every`` updates and at the end, on rank 0.
+
+    Without an evaluator (every rank but 0) it validates nothing and only
+    carries the time to target a resumed run brought along.
+
+    Args:
+        cfg: The evaluation options.
+        sync: Whether the mode is sync (the local model holds the weights;
+            otherwise they are pulled from the servers).
+        evaluator: Rank 0's evaluator, ``None`` elsewhere.
+        model: The model being trained.
+        opt: The distributed optimizer.
+        metrics: Where ``eval`` records go.
+        clock: The training clock (validation time is not training time).
+        first_target: Training seconds to ``--target-accuracy`` of a resumed run.
+    """
+
+    def __init__(
+        self,
+        cfg: EvaluationOptions,
+        *,
+        sync: bool,
+        evaluator: Evaluator | None,
+        model: torch.nn.Module,
+        opt: DistributedOptimizer,
+        metrics: MetricsWriter,
+        clock: TrainClock,
+        first_target: float | None,
+    ) -> None:
+        self.cfg, self.sync, self.evaluator = cfg, sync, evaluator
+        self.model, self.opt, self.metrics, self.clock = model, opt, metrics, clock
+        self.first_target = first_target
+        """Training seconds until the accuracy first reached the target."""
+        self.last_accuracy: str | None = None
+        """The latest accuracy, formatted for the progress bar."""
+        self.final_accuracy: float | None = None
+        """The accuracy at the end of training (rank 0)."""
+        self._last_bucket = opt.server_version // cfg.eval_every
+
+    def maybe_run(self, final: bool = False) -> None:
+        """Validate if an ``--eval-every`` boundary was crossed, or at the end."""
+        if self.evaluator is None:
+            return
+        opt = self.opt
+        bucket = opt.server_version // self.cfg.eval_every
+        if not final and bucket <= self._last_bucket:
+            return
+        self._last_bucket = bucket
+        t0 = time.perf_counter()
+        if self.sync or final:
+            model = self.model
+        else:
+            weights, buffers = opt.pull_state()
+            model = self.evaluator.scratch(self.model)
+            load_flat(model, weights, buffers)
+        accuracy, loss = self.evaluator.evaluate(model)
+        seconds = time.perf_counter() - t0
+        self.clock.eval_seconds += seconds
+        train_time = self.clock.train_time()
+        self.last_accuracy = f"{accuracy:.3f}"
+        self.final_accuracy = accuracy
+        target = self.cfg.target_accuracy
+        if target is not None and accuracy >= target and self.first_target is None:
+            self.first_target = train_time
+        self.metrics.write(
+            "eval",
+            t=self.clock.since_start(),
+            version=opt.server_version,
+            accuracy=accuracy,
+            loss=loss,
+            eval_s=seconds,
+            train_time_s=train_time,
+            final=final,
+        )

@@ -1,0 +1,171 @@
+"""``hybridagg train``'s configuration and the command line generated from it."""
+
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from hybridagg.train.config import (
+    ALLREDUCE_BACKENDS,
+    CONCERNS,
+    OptimOptions,
+    TrainConfig,
+)
+from hybridagg.train.flags import config_from_args, field_docs, option_strings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The published flags of `hybridagg train`. A change here is a change of the
+# command line that users, scripts and the Slurm templates rely on.
+FLAGS = [
+    "--adaptive-batch",
+    "--adaptive-groups",
+    "--allreduce-backend",
+    "--batch-deadband",
+    "--batch-first-window",
+    "--batch-probe",
+    "--batch-size",
+    "--batch-smoothing",
+    "--batch-window",
+    "--checkpoint",
+    "--checkpoint-every",
+    "--damping",
+    "--data",
+    "--device",
+    "--epochs",
+    "--eval-every",
+    "--groups",
+    "--lookahead-horizon",
+    "--lr",
+    "--max-batch",
+    "--metrics",
+    "--min-batch",
+    "--mode",
+    "--model",
+    "--momentum",
+    "--no-lookahead",
+    "--no-progress",
+    "--optimizer",
+    "--overlap",
+    "--resume",
+    "--sample-ms",
+    "--seed",
+    "--servers",
+    "--slowdown",
+    "--staleness-bound",
+    "--steps",
+    "--summary",
+    "--target-accuracy",
+    "--warmup-updates",
+    "--weight-decay",
+]
+
+
+def test_the_configuration_imports_neither_torch_nor_mpi():
+    code = (
+        "import sys\n"
+        "import hybridagg.train.config, hybridagg.train.flags, hybridagg.cli\n"
+        "hybridagg.cli.build_parser()\n"
+        "heavy = sorted({'torch', 'mpi4py.MPI'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_flags_are_exactly_the_published_ones():
+    assert option_strings() == FLAGS
+
+
+def test_every_field_has_a_docstring_and_one_concern():
+    docs = field_docs()
+    names = [f.name for concern in CONCERNS for f in fields(concern)]
+    assert sorted(names) == sorted(f.name for f in fields(TrainConfig))
+    assert len(names) == len(set(names)), "a field in two concerns"
+    undocumented = [n for n in names if len(docs.get(n, "")) < 5]
+    assert not undocumented, undocumented
+
+
+def test_defaults_live_in_the_fields():
+    from hybridagg.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--data", "x.h5"])
+    built = config_from_args(args)
+    assert built == TrainConfig(data="x.h5")
+    for f in fields(TrainConfig):
+        if f.name != "data":
+            assert getattr(args, f.name) == f.default, f.name
+
+
+def test_switches_turn_their_default_around():
+    from hybridagg.cli import build_parser
+
+    argv = ["train", "--data", "x", "--mode", "hybrid", "--overlap", "--no-progress"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.overlap and not cfg.progress and cfg.lookahead
+
+
+def test_help_shows_the_groups_and_the_defaults():
+    from hybridagg.cli import build_parser
+
+    text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for title in (
+        "what to train:",
+        "how to aggregate:",
+        "heterogeneity emulation:",
+        "adaptive batch sizes (OmniLearn's controller):",
+        "measuring and saving:",
+    ):
+        assert title in text
+    flat = " ".join(text.split())
+    assert "per worker (default 32)" in flat
+    assert "cnn, mlp, resnet or package.module:factory (default mlp)" in flat
+    assert "--no-progress turn off the progress bar" in flat
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"momentum": -0.5}, "--momentum must be >= 0, got -0.5"),
+        ({"batch_window": 0}, "--batch-window must be >= 1, got 0"),
+        ({"damping": "cube"}, "--damping must be one of inverse, sqrt, none"),
+        ({"allreduce_backend": "nccl"}, "--allreduce-backend must be one of"),
+        ({"batch_smoothing": 0}, "--batch-smoothing must be in"),
+        ({"adaptive_groups": True}, "--adaptive-groups needs --adaptive-batch"),
+        ({"max_batch": 8}, "--batch-size 32 must lie within"),
+        ({"resume": True}, "need --checkpoint DIR"),
+    ],
+)
+def test_more_bad_values_name_their_flag(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(data="x.h5", **kw)
+
+
+def test_a_concern_checks_itself_alone():
+    assert OptimOptions(lr=0.1).lr == 0.1
+    with pytest.raises(ValueError, match="--lr must be positive"):
+        OptimOptions(lr=0)
+
+
+def test_the_backends_are_the_optimizer_s():
+    from hybridagg.optimizer.backends import BACKENDS
+
+    assert ALLREDUCE_BACKENDS == BACKENDS
+
+
+def test_the_zoo_names_every_factory():
+    from hybridagg.train import models
+    from hybridagg.train.zoo import MODELS
+
+    for name, path in MODELS.items():
+        module, _, attr = path.partition(":")
+        assert module == models.__name__ and callable(getattr(models, attr)), name
