@@ -31,10 +31,10 @@ from hybridagg.data import HDF5Loader
 from hybridagg.data.loader import load_split_info
 from hybridagg.optimizer import init_torch_distributed
 from hybridagg.slowdown import parse_slowdown
+from hybridagg.train.config import TrainConfig
 from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
 from hybridagg.train.evaluate import Evaluator
 from hybridagg.train.models import build_model
-from hybridagg.train.options import TrainConfig
 
 
 def _wrap(backend: str, model: torch.nn.Module, cfg: TrainConfig, n: int):

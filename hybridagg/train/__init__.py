@@ -1,7 +1,7 @@
 """Training driver: ``hybridagg train`` and its parts.
 
-:func:`train` runs a job on every rank; :class:`TrainConfig` holds and checks
-its options; ``models``, ``emulation``, ``metrics``, ``checkpoint`` and
+:func:`train` runs a job on every rank; :class:`TrainConfig` (``config/``) holds and checks
+its options, ``flags`` makes the command line from it; ``models``, ``emulation``, ``metrics``, ``checkpoint`` and
 ``evaluate`` are the pieces it wires together. The configuration is pure and
 imported eagerly; :func:`train` (torch, MPI) on first use.
 """
