@@ -224,6 +224,10 @@ def test_wait_until_max_sleep_lowers_the_back_off_cap_and_never_raises_it(monkey
     assert longest_sleep(max_sleep=0.0) == pytest.approx(10e-6)  # the floor
     monkeypatch.setenv("HYBRIDAGG_POLL_MAX_SLEEP_US", "5")  # a cap below the floor
     assert longest_sleep(max_sleep=200e-6) == pytest.approx(5e-6)
+    monkeypatch.setenv("HYBRIDAGG_POLL_MAX_SLEEP_US", "2000")
+    # the low cap lifts after 0.5 s of idleness: the general cap again
+    assert longest_sleep(max_sleep=200e-6, max_sleep_for=0.5) == pytest.approx(2e-3)
+    assert longest_sleep(max_sleep=200e-6, max_sleep_for=5.0) == pytest.approx(200e-6)
 
 
 @pytest.mark.mpi(ranks=1, timeout=60)
@@ -239,8 +243,11 @@ def test_comm_wait_for_passes_max_sleep_and_activity_on(monkeypatch):
     comm = comm_mod.Comm(name="svc", timeout=7.0)
     monkeypatch.setattr(comm_mod, "wait_until", fake_poll)
     counter = lambda: 3  # noqa: E731
-    comm.wait_for(lambda: True, "next push", activity=counter, max_sleep=5e-4)
+    comm.wait_for(
+        lambda: True, "next push", activity=counter, max_sleep=5e-4, max_sleep_for=0.1
+    )
     assert seen["max_sleep"] == 5e-4 and seen["activity"] is counter
+    assert seen["max_sleep_for"] == 0.1
     assert seen["timeout"] == 7.0 and "next push on svc" in seen["what"]
 
 

@@ -145,10 +145,12 @@ class Comm:
         activity: Callable[[], int] | None = None,
         spin: float | None = None,
         max_sleep: float | None = None,
+        max_sleep_for: float | None = None,
     ) -> float:
         """:func:`~hybridagg.comm.wait_until` on a condition, with this communicator's timeout.
 
-        ``activity``, ``spin`` and ``max_sleep`` are passed on as they are.
+        ``activity``, ``spin``, ``max_sleep`` and ``max_sleep_for`` are passed
+        on as they are.
         """
         return wait_until(
             done,
@@ -157,6 +159,7 @@ class Comm:
             activity=activity,
             spin=spin,
             max_sleep=max_sleep,
+            max_sleep_for=max_sleep_for,
         )
 
     def barrier(self, *, what: str = "barrier", timeout: float | None = None) -> None:

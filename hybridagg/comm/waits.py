@@ -80,6 +80,7 @@ def wait_until(
     activity: Callable[[], int] | None = None,
     spin: float | None = None,
     max_sleep: float | None = None,
+    max_sleep_for: float | None = None,
 ) -> float:
     """Wait until ``done()`` is true without burning a core.
 
@@ -105,6 +106,10 @@ def wait_until(
             ``HYBRIDAGG_POLL_MAX_SLEEP_US`` (never a higher one): for a
             service whose reaction time adds to its clients' latency (a
             parameter server waiting for the next push).
+        max_sleep_for: Seconds of idleness after which ``max_sleep`` no
+            longer applies and the back-off grows to the general cap: a
+            service idle that long is rarely woken, and every wake costs
+            CPU time, while the overshoot stays within 1/32 of the wait.
 
     Returns:
         Seconds waited.
@@ -119,8 +124,8 @@ def wait_until(
         timeout = default_timeout()
     default_spin, cap = _poll_params()
     spin = default_spin if spin is None else spin
-    if max_sleep is not None:
-        cap = min(cap, max(_MIN_SLEEP_S, max_sleep))
+    low = cap if max_sleep is None else min(cap, max(_MIN_SLEEP_S, max_sleep))
+    lift = float("inf") if max_sleep_for is None else max_sleep_for
     since, seen = start, activity() if activity is not None else 0
     while True:
         if done():
@@ -138,7 +143,8 @@ def wait_until(
                     f"rank {rank}: {what} did not complete within {timeout:g} s "
                     "(raise HYBRIDAGG_TIMEOUT if the peer is legitimately slow)"
                 )
-            time.sleep(min(cap, max(_MIN_SLEEP_S, idle * _BACKOFF_FRACTION)))
+            limit = low if idle < lift else cap
+            time.sleep(min(limit, max(_MIN_SLEEP_S, idle * _BACKOFF_FRACTION)))
 
 
 def wait(

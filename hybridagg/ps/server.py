@@ -59,6 +59,15 @@ __all__ = ["ServerStats", "serve", "server_max_sleep"]
 _SNAPSHOT = -1
 
 
+_LONG_SILENCE_S = 0.064
+"""Seconds without a message after which the server's short back-off cap
+lifts: pushes then arrive rarely, and each wake costs CPU time that the
+workers sharing the node could use (an idle server would otherwise wake
+thousands of times a second). Where it lifts, the general back-off
+(1/32 of the wait) equals the general cap, so a push then waits at most
+that cap, a small share of the silence before it."""
+
+
 def server_max_sleep() -> float:
     """How long a server waiting for the next message may sleep between polls.
 
@@ -208,6 +217,7 @@ class _Server:
                 "next message from a group leader",
                 self.timeout,
                 max_sleep=self.max_sleep,
+                max_sleep_for=_LONG_SILENCE_S,
             )
             start = time.perf_counter()
             what = box.pop("event", None)

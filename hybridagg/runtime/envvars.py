@@ -70,7 +70,8 @@ _DECLARED = [
         "Back-off cap of a parameter server waiting for the next message "
         "(lower than HYBRIDAGG_POLL_MAX_SLEEP_US, which still bounds it): the "
         "server's reaction time adds to every push's round trip, while an "
-        "idle server wakes up more often (its cost: bench/RESULTS.md).",
+        "idle server wakes up more often (its cost: bench/RESULTS.md). After "
+        "a long silence the general cap applies again.",
     ),
     EnvVar(
         "HYBRIDAGG_RING_MIN_BYTES",
