@@ -41,6 +41,24 @@ HET_ALLOCATION = {
 }
 
 
+def het_segment(k: int, *, servers: int) -> list[str]:
+    """One MPMD segment of a heterogeneous srun step running hybridagg train."""
+    return [
+        "--kill-on-bad-exit=1",
+        "--mpi=pmix",
+        f"--het-group={k}",
+        f"--export=ALL,HYBRIDAGG_HET_COMPONENT={k}",
+        "hybridagg",
+        "train",
+        "--data",
+        "d.h5",
+        "--groups",
+        "slurm",
+        "--servers",
+        str(servers),
+    ]
+
+
 def _executable(path: Path, text: str) -> str:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -258,20 +276,7 @@ def test_het_job_one_step_over_every_component_with_groups_for_train(bin_dir):
     parts = segments(words)
     assert len(parts) == 3
     for k, part in enumerate(parts):
-        assert part == [
-            "--kill-on-bad-exit=1",
-            "--mpi=pmix",
-            f"--het-group={k}",
-            f"--export=ALL,HYBRIDAGG_HET_COMPONENT={k}",
-            "hybridagg",
-            "train",
-            "--data",
-            "d.h5",
-            "--groups",
-            "slurm",
-            "--servers",
-            "1",
-        ]
+        assert part == het_segment(k, servers=1)
 
 
 def test_het_job_server_count_is_the_components_task_count(bin_dir):
@@ -503,20 +508,7 @@ def test_plan_het_allocation_with_servers_from():
     parts = segments(list(got.argv))
     assert len(parts) == 3
     for k, part in enumerate(parts):
-        assert part == [
-            "--kill-on-bad-exit=1",
-            "--mpi=pmix",
-            f"--het-group={k}",
-            f"--export=ALL,HYBRIDAGG_HET_COMPONENT={k}",
-            "hybridagg",
-            "train",
-            "--data",
-            "d.h5",
-            "--groups",
-            "slurm",
-            "--servers",
-            "2",
-        ]
+        assert part == het_segment(k, servers=2)
     assert machine.asked == ["srun --mpi=list"]
     groups = launcher.het_groups(
         launcher.Options(command=("a",), servers_from="2"),
