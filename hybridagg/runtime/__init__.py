@@ -6,4 +6,4 @@ nor ``mpi4py.MPI`` at import time, so the command line and the training
 configuration can load it cheaply.
 """
 
-__all__ = ["envvars", "launchenv", "runner", "signals"]
+__all__ = ["envvars", "launchenv", "outcomes", "runner", "signals"]
