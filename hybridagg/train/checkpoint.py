@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -316,7 +317,19 @@ def load_part(path: Path, rank: int) -> dict | None:
     try:
         state = torch.load(part, weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise ValueError(f"checkpoint part {part} cannot be loaded: {exc}") from None
+        raise ValueError(
+            f"checkpoint part {part} cannot be loaded: {_reason(exc)}"
+        ) from None
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint part {part} cannot be loaded: not a dict")
     return state
+
+
+def _reason(exc: Exception) -> str:
+    """torch.load's error, short: its advice (load with ``weights_only=False``) is wrong here."""
+    text = str(exc)
+    detail = re.search(r"WeightsUnpickler error:\s*(.+?)\n", text)
+    if detail:
+        return f"corrupt or not tensors only ({detail.group(1).strip()})"
+    first = text.split(". ")[0].strip()
+    return first or type(exc).__name__

@@ -190,8 +190,8 @@ def start_run(cfg: TrainConfig, topo: Topology) -> RunStart:
         failed.append((path.name, f"rank {world.world_rank_of(rank)}: {reason}"))
     tried = "; ".join(f"{name}: {why}" for name, why in failed)
     err = ValueError(f"no checkpoint in {cfg.checkpoint} can be resumed: {tried}")
-    world.check(err if world.rank == 0 else None, what="checkpoint to resume from")
-    raise AssertionError("unreachable: world.check raised")  # pragma: no cover
+    _agree(world, err, "checkpoint to resume from")  # raises on every rank
+    raise err  # not reached: kept for readers and type checkers
 
 
 def _tell(path: Path, run: str, failed: list[tuple[str, str]], accepted) -> None:
