@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The published flags of `hybridagg train`. A change here is a change of the
 # command line that users, scripts and the Slurm templates rely on.
 FLAGS = [
+    "--accept-config-changes",
     "--adaptive-batch",
     "--adaptive-groups",
     "--allreduce-backend",
@@ -49,6 +50,7 @@ FLAGS = [
     "--no-progress",
     "--optimizer",
     "--overlap",
+    "--overwrite-checkpoints",
     "--resume",
     "--sample-ms",
     "--seed",
@@ -143,6 +145,12 @@ def test_help_shows_the_groups_and_the_defaults():
         ({"adaptive_groups": True}, "--adaptive-groups needs --adaptive-batch"),
         ({"max_batch": 8}, "--batch-size 32 must lie within"),
         ({"resume": True}, "need --checkpoint DIR"),
+        ({"overwrite_checkpoints": True}, "need --checkpoint DIR"),
+        (
+            {"checkpoint": "ck", "resume": True, "overwrite_checkpoints": True},
+            "cannot be combined with --resume",
+        ),
+        ({"accept_config_changes": True}, "--accept-config-changes needs --resume"),
     ],
 )
 def test_more_bad_values_name_their_flag(kw, match):

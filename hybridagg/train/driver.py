@@ -4,41 +4,24 @@ One call of :func:`train` on every rank of the job. Servers serve
 (:class:`~hybridagg.train.server_role.ServerRole`); workers iterate their
 share of the data, emulate their speed, step the
 :class:`~hybridagg.optimizer.DistributedOptimizer`, validate (rank 0),
-checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Errors in
-the set-up (a bad data file, a checkpoint of another model) become the same
+checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Whether
+the run starts fresh or resumes, and from which checkpoint, is decided first
+(:mod:`~hybridagg.train.resume`). Errors in the set-up (a bad data file, a
+checkpoint folder of another run, a changed configuration) become the same
 error on every rank before any training collective starts.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..runtime.signals import stop_flag
-from ..topology import Topology, init
-from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
-from .common import check_manifest
+from ..topology import init
+from .checkpoint import Checkpointer
 from .config import TrainConfig
+from .resume import start_run
 from .server_role import ServerRole
 from .worker import WorkerRole
 
 __all__ = ["train"]
-
-
-def _find_resume(cfg: TrainConfig, topo: Topology) -> tuple[Path | None, dict | None]:
-    world = topo.comms.world
-    err, found = None, None
-    if cfg.resume and world.rank == 0:
-        found = latest_checkpoint(cfg.checkpoint)
-    found = world.bcast(None if found is None else str(found), 0, what="resume path")
-    manifest = None
-    if found is not None:
-        try:
-            manifest = read_manifest(Path(found))
-            check_manifest(manifest, cfg, topo, Path(found))
-        except ValueError as exc:
-            err = exc
-    world.check(err, what="checkpoint to resume from")
-    return (Path(found) if found else None), manifest
 
 
 def train(cfg: TrainConfig, comm=None) -> dict | None:
@@ -62,9 +45,17 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     except ValueError as exc:
         err = exc
     world.check(err, what="--slowdown")
-    resume, manifest = _find_resume(cfg, topo)
-    if cfg.checkpoint and world.rank == 0:
-        Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
+    start = start_run(cfg, topo)
+    ck = None
+    if cfg.checkpoint:
+        ck = Checkpointer(
+            cfg.checkpoint,
+            topo.rank,
+            start.run_id,
+            replace_others=cfg.overwrite_checkpoints,
+        )
+        if world.rank == 0:
+            ck.remove_stale()  # parts of a killed run
     if topo.is_server:
-        return ServerRole(cfg, topo, resume, stop).run()
-    return WorkerRole(cfg, topo, resume, manifest, stop).run()
+        return ServerRole(cfg, topo, start, ck, stop).run()
+    return WorkerRole(cfg, topo, start, ck, stop).run()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from ..ps.server import serve, server_max_sleep
 from ..topology import Topology
-from .checkpoint import Checkpointer, load_part
+from .checkpoint import Checkpointer
 from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
 from .metrics import MetricsWriter
+from .resume import RunStart
 
 __all__ = ["ServerRole"]
 
@@ -87,7 +87,9 @@ class ServerRole:
     Args:
         cfg: The run's options.
         topo: The topology.
-        resume: The checkpoint to resume from (``None``: a fresh start).
+        start: How the run starts (its id, the checkpoint it resumes from:
+            this server's part is already loaded).
+        ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
     """
 
@@ -95,30 +97,21 @@ class ServerRole:
         self,
         cfg: TrainConfig,
         topo: Topology,
-        resume: Path | None,
+        start: RunStart,
+        ck: Checkpointer | None,
         stop: threading.Event,
     ) -> None:
-        self.cfg, self.topo, self.resume, self.stop = cfg, topo, resume, stop
-
-    def _restore(self) -> dict | None:
-        """This server's state in the checkpoint resumed from (``None``: fresh)."""
-        server_max_sleep()  # a bad value: the same error on every rank, here
-        if self.resume is None:
-            return None
-        part = load_part(self.resume, self.topo.rank)
-        if part is None:
-            raise ValueError(
-                f"checkpoint {self.resume} has no part for server rank {self.topo.rank}"
-            )
-        return part["server"]
+        self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
+        self.stop = stop
 
     def run(self) -> None:
         """Serve until every group is done, then report (collective with the workers)."""
-        cfg, topo, world = self.cfg, self.topo, self.topo.comms.world
-        err, restore = None, None
-        ck = Checkpointer(cfg.checkpoint, topo.rank) if cfg.checkpoint else None
+        cfg, topo, world, ck = self.cfg, self.topo, self.topo.comms.world, self.ck
+        err = None
+        resumed = self.start.resumed
+        restore = resumed.part["server"] if resumed is not None else None
         try:
-            restore = self._restore()
+            server_max_sleep()  # a bad value: the same error on every rank, here
         except ValueError as exc:
             err = exc
         world.check(err, what="set-up")  # phase 1: models, checkpoints

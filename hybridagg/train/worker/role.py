@@ -25,6 +25,7 @@ from ..common import rng_state
 from ..config import TrainConfig
 from ..emulation import Pacer
 from ..metrics import MetricsWriter, merge_parts
+from ..resume import RunStart
 from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
 from .epochs import Epochs
@@ -57,8 +58,9 @@ class WorkerRole:
     Args:
         cfg: The run's options.
         topo: The topology.
-        resume: The checkpoint to resume from (``None``: a fresh start).
-        manifest: Its manifest.
+        start: How the run starts (its id, the checkpoint it resumes from:
+            this worker's parts are already loaded).
+        ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
     """
 
@@ -66,11 +68,13 @@ class WorkerRole:
         self,
         cfg: TrainConfig,
         topo: Topology,
-        resume: Path | None,
-        manifest: dict | None,
+        start: RunStart,
+        ck: Checkpointer | None,
         stop: threading.Event,
     ) -> None:
-        self.cfg, self.topo, self.resume, self.manifest = cfg, topo, resume, manifest
+        self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
+        self.resumed = start.resumed
+        self.resume: Path | None = start.resumed.path if start.resumed else None
         self.stop = stop
         self.rank = topo.rank
         self.world = topo.comms.world
@@ -78,17 +82,15 @@ class WorkerRole:
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
         cfg, topo, world = self.cfg, self.topo, self.world
-        local = _agreed(
-            world, "set-up", lambda: set_up_local(cfg, topo, self.resume, self.manifest)
-        )
+        local = _agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
         self.model, self.optimizer = local.model, local.optimizer
         self.loader = _agreed(
-            world, "data", lambda: make_loader(cfg, topo, local, self.resume)
+            world, "data", lambda: make_loader(cfg, topo, local, self.resumed)
         )
         if local.part is None and not local.done_already:
             broadcast_parameters(self.model.state_dict(), 0, topo)
         self.metrics = MetricsWriter(cfg.metrics, self.rank)
-        ck = Checkpointer(cfg.checkpoint, self.rank) if cfg.checkpoint else None
+        ck = self.ck
         self.opt = make_distributed_optimizer(cfg, topo, local)
         world.barrier(what="start of training")
         start = time.perf_counter()
@@ -145,7 +147,7 @@ class WorkerRole:
             metrics=self.metrics,
             clock=self.clock,
             part_state=self._part_state,
-            number=int(self.resume.name.split("-")[1]) if self.resume else 0,
+            number=self.resumed.number if self.resumed else 0,
         )
 
     def _part_state(self) -> dict:
@@ -227,6 +229,7 @@ class WorkerRole:
             time_to_target_s=self.validation.first_target,
             final_accuracy=self.validation.final_accuracy,
             resumed_from=self.resume,
+            run_id=self.start.run_id,
         )
         publish(cfg, summary)
         return summary

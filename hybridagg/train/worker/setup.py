@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -13,11 +12,11 @@ from ...optimizer import DistributedOptimizer
 from ...ps.compensation import Compensation
 from ...topology import Topology
 from ..adaptive import server_batching
-from ..checkpoint import load_part
 from ..common import make_optimizer, set_rng_state
 from ..config import TrainConfig
 from ..evaluate import Evaluator
 from ..models import build_model
+from ..resume import Resumed
 
 __all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
 
@@ -39,10 +38,14 @@ class Local:
     """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
 
 
-def set_up_local(
-    cfg: TrainConfig, topo: Topology, resume: Path | None, manifest: dict | None
-) -> Local:
-    """Build the model, its optimizer and (rank 0) the evaluator; load the resumed part.
+def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> Local:
+    """Build the model, its optimizer and (rank 0) the evaluator; restore the resumed part.
+
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        resumed: The checkpoint resumed from, its parts loaded
+            (:func:`~hybridagg.train.resume.start_run`); ``None``: fresh.
 
     Raises:
         ValueError, TypeError, OSError: A bad model, data file or checkpoint.
@@ -58,30 +61,26 @@ def set_up_local(
     optimizer = make_optimizer(cfg, model)
     evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
     local = Local(model, optimizer, device, evaluator, window_blocks)
-    if resume is None:
+    if resumed is None:
         return local
-    local.part = load_part(resume, topo.rank)
-    if local.part is None:
-        done = manifest.get("done_groups", [])
-        if cfg.mode == "sync" or topo.group not in done:
-            raise ValueError(f"checkpoint {resume} has no part for rank {topo.rank}")
+    local.part = resumed.part
+    if local.part is None:  # start_run checked that its group had finished
         local.done_already = True
         return local
     if cfg.mode == "sync":
-        first = local.part if topo.rank == 0 else load_part(resume, 0)
         try:
-            model.load_state_dict(first["model"])
-            optimizer.load_state_dict(first["optimizer"])
+            model.load_state_dict(resumed.first["model"])
+            optimizer.load_state_dict(resumed.first["optimizer"])
         except (RuntimeError, KeyError, ValueError) as exc:
             raise ValueError(
-                f"checkpoint {resume} does not fit model {cfg.model!r}: {exc}"
+                f"checkpoint {resumed.path} does not fit model {cfg.model!r}: {exc}"
             ) from None
     set_rng_state(local.part["rng"])
     return local
 
 
 def make_loader(
-    cfg: TrainConfig, topo: Topology, local: Local, resume: Path | None
+    cfg: TrainConfig, topo: Topology, local: Local, resumed: Resumed | None
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
 
@@ -100,7 +99,7 @@ def make_loader(
     )
     if local.part is not None:
         loader.load_state_dict(local.part["loader"])
-    elif cfg.mode != "sync" and resume is not None:
+    elif cfg.mode != "sync" and resumed is not None:
         # a finished group still takes part in the collective resume
         loader.load_state_dict(
             {
