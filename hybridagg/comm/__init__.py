@@ -19,7 +19,7 @@ up, in :mod:`hybridagg.collectives`.
 from .buffers import ScratchPool, alloc, as_buffer, mpi_dtype
 from .communicator import Comm, RemoteError
 from .process import configure_threads, install_abort_hook
-from .waits import CommTimeoutError, default_timeout, wait, wait_until
+from .waits import CommTimeoutError, check_timeout, default_timeout, wait, wait_until
 
 __all__ = [
     "Comm",
@@ -28,6 +28,7 @@ __all__ = [
     "ScratchPool",
     "alloc",
     "as_buffer",
+    "check_timeout",
     "configure_threads",
     "default_timeout",
     "install_abort_hook",
