@@ -126,7 +126,12 @@ def _norm_axes(shape: tuple) -> tuple[int, ...]:
 
 
 class _Moments:
-    """Running per-channel mean and variance over row chunks (float64)."""
+    """Running per-channel mean and variance over row chunks (float64).
+
+    Over the finite values only: data kept with ``allow_nonfinite`` still
+    gets finite statistics, so only its non-finite samples are non-finite
+    after normalisation.
+    """
 
     def __init__(self, shape: tuple) -> None:
         self.axes = _norm_axes(shape)
@@ -136,15 +141,17 @@ class _Moments:
 
     def add(self, x: np.ndarray) -> None:
         x64 = x.astype(np.float64, copy=False)
+        finite = np.isfinite(x64)
+        if not finite.all():
+            x64 = np.where(finite, x64, 0.0)
         self.s = self.s + x64.sum(axis=self.axes)
         self.ss = self.ss + np.square(x64).sum(axis=self.axes)
-        self.n += x64.size // np.size(self.s)
+        self.n = self.n + finite.sum(axis=self.axes)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
-        # (NaN statistics of data kept with allow_nonfinite: no warning)
-        with np.errstate(invalid="ignore", over="ignore"):
-            mean = np.atleast_1d(self.s / max(self.n, 1))
-            var = np.atleast_1d(self.ss / max(self.n, 1)) - mean**2
+        n = np.maximum(self.n, 1)
+        mean = np.atleast_1d(self.s / n)
+        var = np.atleast_1d(self.ss / n) - mean**2
         std = np.sqrt(np.maximum(var, 0.0))
         std[std == 0] = 1.0
         return mean.astype(np.float32), std.astype(np.float32)
