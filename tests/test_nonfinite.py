@@ -93,11 +93,27 @@ def test_non_finite_and_unknown_options_are_named(kw, match):
 @pytest.mark.parametrize(
     "name,value,match",
     [
-        ("HYBRIDAGG_TIMEOUT", "nan", "HYBRIDAGG_TIMEOUT='nan' must be a finite"),
-        ("HYBRIDAGG_TIMEOUT", "inf", "HYBRIDAGG_TIMEOUT='inf' must be a finite"),
+        (
+            "HYBRIDAGG_TIMEOUT",
+            "nan",
+            "HYBRIDAGG_TIMEOUT must be a finite number, got 'nan'",
+        ),
+        (
+            "HYBRIDAGG_TIMEOUT",
+            "inf",
+            "HYBRIDAGG_TIMEOUT must be a finite number, got 'inf'",
+        ),
         ("HYBRIDAGG_TIMEOUT", "0", "HYBRIDAGG_TIMEOUT must be positive"),
-        ("HYBRIDAGG_POLL_SPIN_US", "nan", "HYBRIDAGG_POLL_SPIN_US='nan'"),
-        ("HYBRIDAGG_SERVER_MAX_SLEEP_US", "inf", "HYBRIDAGG_SERVER_MAX_SLEEP_US="),
+        (
+            "HYBRIDAGG_POLL_SPIN_US",
+            "nan",
+            "HYBRIDAGG_POLL_SPIN_US must be a finite number, got 'nan'",
+        ),
+        (
+            "HYBRIDAGG_SERVER_MAX_SLEEP_US",
+            "inf",
+            "HYBRIDAGG_SERVER_MAX_SLEEP_US must be a finite",
+        ),
         ("HYBRIDAGG_RING_MIN_BYTES", "1e3", "is not an integer"),
         ("HYBRIDAGG_SHM_REDUCE", "maybe", "is not a boolean"),
     ],
@@ -205,9 +221,21 @@ def _cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProces
         (["--momentum", "nan"], {}, "--momentum must be a finite number, got nan"),
         (["--sample-ms", "inf"], {}, "--sample-ms must be a finite number"),
         (["--device", "foo"], {}, "unknown --device 'foo'"),
-        ([], {"HYBRIDAGG_TIMEOUT": "nan"}, "HYBRIDAGG_TIMEOUT='nan' must be a finite"),
-        ([], {"HYBRIDAGG_TIMEOUT": "inf"}, "HYBRIDAGG_TIMEOUT='inf' must be a finite"),
-        ([], {"HYBRIDAGG_POLL_SPIN_US": "nan"}, "HYBRIDAGG_POLL_SPIN_US='nan'"),
+        (
+            [],
+            {"HYBRIDAGG_TIMEOUT": "nan"},
+            "HYBRIDAGG_TIMEOUT must be a finite number, got 'nan'",
+        ),
+        (
+            [],
+            {"HYBRIDAGG_TIMEOUT": "inf"},
+            "HYBRIDAGG_TIMEOUT must be a finite number, got 'inf'",
+        ),
+        (
+            [],
+            {"HYBRIDAGG_POLL_SPIN_US": "nan"},
+            "HYBRIDAGG_POLL_SPIN_US must be a finite number, got 'nan'",
+        ),
     ],
 )
 def test_train_refuses_non_finite_input_with_exit_2(args, env, match):

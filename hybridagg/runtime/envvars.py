@@ -418,7 +418,7 @@ def get_float(name: str, environ: Mapping[str, str] | None = None) -> float | No
     except ValueError:
         raise ValueError(f"{name}={value!r} is not a number") from None
     if not math.isfinite(number):
-        raise ValueError(f"{name}={value!r} must be a finite number")
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return number
 
 
