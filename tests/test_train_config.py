@@ -177,3 +177,24 @@ def test_the_zoo_names_every_factory():
     for name, path in MODELS.items():
         module, _, attr = path.partition(":")
         assert module == models.__name__ and callable(getattr(models, attr)), name
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-Infinity"])
+def test_every_float_flag_must_be_finite(bad):
+    """argparse's float takes nan and inf; a bound alone lets them through."""
+    import typing
+
+    from hybridagg.cli import build_parser
+
+    hints = typing.get_type_hints(TrainConfig)
+    floats = [
+        f.name
+        for f in fields(TrainConfig)
+        if float in typing.get_args(hints[f.name]) or hints[f.name] is float
+    ]
+    assert {"lr", "momentum", "sample_ms", "weight_decay"} <= set(floats)
+    for name in floats:
+        flag = "--" + name.replace("_", "-")
+        args = build_parser().parse_args(["train", "--data", "x.h5", f"{flag}={bad}"])
+        with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
+            config_from_args(args)

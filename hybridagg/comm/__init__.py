@@ -18,16 +18,19 @@ up, in :mod:`hybridagg.collectives`.
 
 from .buffers import ScratchPool, alloc, as_buffer, mpi_dtype
 from .communicator import Comm, RemoteError
+from .finite import all_finite
 from .process import configure_threads, install_abort_hook
-from .waits import CommTimeoutError, default_timeout, wait, wait_until
+from .waits import CommTimeoutError, check_timeout, default_timeout, wait, wait_until
 
 __all__ = [
     "Comm",
     "CommTimeoutError",
     "RemoteError",
     "ScratchPool",
+    "all_finite",
     "alloc",
     "as_buffer",
+    "check_timeout",
     "configure_threads",
     "default_timeout",
     "install_abort_hook",

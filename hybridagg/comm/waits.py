@@ -20,7 +20,13 @@ from mpi4py import MPI
 
 from ..runtime import envvars
 
-__all__ = ["CommTimeoutError", "default_timeout", "wait", "wait_until"]
+__all__ = [
+    "CommTimeoutError",
+    "check_timeout",
+    "default_timeout",
+    "wait",
+    "wait_until",
+]
 
 
 class CommTimeoutError(TimeoutError):
@@ -39,6 +45,21 @@ def default_timeout() -> float:
             f"HYBRIDAGG_TIMEOUT must be a finite positive number, got {value}"
         )
     return value
+
+
+def check_timeout(value: float, what: str = "timeout") -> float:
+    """Return ``value`` as a float if it is a finite positive number of seconds.
+
+    A NaN or infinite timeout would never expire (NaN compares false), so a
+    wait given one could hang; every wait has a timeout.
+
+    Raises:
+        ValueError: It is not a finite positive number; names ``what``.
+    """
+    seconds = float(value)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{what} must be a finite positive number, got {value}")
+    return seconds
 
 
 def _poll_params() -> tuple[float, float]:
@@ -120,8 +141,7 @@ def wait_until(
     start = time.perf_counter()
     if done():
         return 0.0
-    if timeout is None:
-        timeout = default_timeout()
+    timeout = default_timeout() if timeout is None else check_timeout(timeout)
     default_spin, cap = _poll_params()
     spin = default_spin if spin is None else spin
     low = cap if max_sleep is None else min(cap, max(_MIN_SLEEP_S, max_sleep))

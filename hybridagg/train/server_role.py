@@ -12,6 +12,7 @@ from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
 from .metrics import MetricsWriter
 from .resume import RunStart
+from .worker.role import raise_if_nonfinite
 
 __all__ = ["ServerRole"]
 
@@ -136,8 +137,16 @@ class ServerRole:
             "version": stats.version,
             "max_staleness": stats.max_staleness,
             "busy_s": stats.busy_seconds,
+            "nonfinite": None
+            if stats.nonfinite is None
+            else (
+                f"server rank {topo.rank} stopped every group at version "
+                f"{stats.version}: group {stats.nonfinite}'s loss or gradient "
+                "was not finite"
+            ),
         }
-        world.allgather(report, what="run report")
+        reports = world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
+        raise_if_nonfinite(reports)  # (the same on every rank)
         return None

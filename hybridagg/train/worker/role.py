@@ -6,6 +6,13 @@ data file or checkpoint stops every rank with one message. Then each step
 validation (:mod:`.validation`), the epoch count (:mod:`.epochs`),
 checkpoints (:mod:`.checkpoints`) and the stop signal (:mod:`.stopping`);
 at the end rank 0 merges the metrics and writes the summary (:mod:`.report`).
+
+A NaN or infinite loss or reduced gradient ends the step loop on every
+worker of the reduction at the same step (in hybrid and async mode the
+servers stop the other groups); the run then winds down as at its end, but
+writes no checkpoint and no summary, and every rank, servers included,
+raises the same :class:`~hybridagg.runtime.outcomes.NonFiniteError` after
+the world's run report (which carries the reason to every rank).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import TypeVar
 
 from ...comm import Comm
 from ...optimizer import broadcast_parameters
+from ...runtime.outcomes import NonFiniteError
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
 from ..checkpoint import Checkpointer
@@ -36,7 +44,7 @@ from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
 from .validation import Validation
 
-__all__ = ["WorkerRole"]
+__all__ = ["WorkerRole", "raise_if_nonfinite"]
 
 T = TypeVar("T")
 
@@ -50,6 +58,23 @@ def _agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
         err = exc
     world.check(err, what=what)
     return value
+
+
+def raise_if_nonfinite(reports: list[dict]) -> None:
+    """Raise the run's :class:`NonFiniteError` if any rank's report names one.
+
+    Every rank (workers and servers) calls it on the same gathered reports,
+    so every rank raises the same error. A rank that found the NaN itself is
+    preferred over one that was told of it.
+
+    Raises:
+        NonFiniteError: The first such reason, by rank.
+    """
+    found = [r for r in reports if r.get("nonfinite")]
+    if not found:
+        return
+    own = [r for r in found if r.get("nonfinite_own")]
+    raise NonFiniteError((own or found)[0]["nonfinite"])
 
 
 class WorkerRole:
@@ -78,6 +103,10 @@ class WorkerRole:
         self.stop = stop
         self.rank = topo.rank
         self.world = topo.comms.world
+        self.nonfinite: str | None = None
+        """Why training stopped on a NaN or an infinity, naming the step."""
+        self.nonfinite_own = False
+        """Whether this worker's reduction found it (not told by the servers)."""
 
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
@@ -173,11 +202,21 @@ class WorkerRole:
         bar = ProgressBar(cfg, self.rank, opt.server_version)
         if cfg.adaptive_batch and self.resume is None:
             self.adaptive.probe(self.model, loss_fn, pacer)
-        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal)
+        topo = self.topo
+        rows = (  # the world rank of each row of the shared values
+            list(range(topo.num_workers))
+            if cfg.mode == "sync"
+            else sorted(topo.groups[topo.group])
+        )
+        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal, rows)
         self.epochs.begin()
         while not self._budget_spent():
             result = stepper.step(self.epochs)
             self.log.record(result, self.epochs.done)
+            if result.nonfinite is not None:  # every rank of the reduction
+                self.nonfinite = f"step {self.log.steps}: {result.nonfinite}"
+                self.nonfinite_own = opt.nonfinite_here
+                break
             signalled = self.signal.seen()
             if cfg.adaptive_batch:
                 self.adaptive.after_step()
@@ -202,23 +241,32 @@ class WorkerRole:
         self.epochs.close()
 
     def _finish(self) -> None:
-        self.checkpoints.write_last()
+        halted = self.nonfinite is not None or self.opt.nonfinite is not None
+        if not halted:  # (the last checkpoint stays the one to resume from)
+            self.checkpoints.write_last()
         self.end = time.perf_counter()
         self.final_version = self.opt.finish()
         self.loader.close()
-        self.validation.maybe_run(final=True)
+        if not halted:
+            self.validation.maybe_run(final=True)
 
     def _report(self) -> dict | None:
         cfg, topo, world = self.cfg, self.topo, self.world
         mine = self.log.report(self.end - self.clock.start)
+        if self.nonfinite is None and self.opt.nonfinite is not None:
+            # told by the servers at the end (e.g. in the pending exchange)
+            self.nonfinite = f"after step {self.log.steps}: {self.opt.nonfinite}"
+        mine["nonfinite"] = self.nonfinite
+        mine["nonfinite_own"] = self.nonfinite_own
         reports = world.allgather(mine, what="run report")
         self.metrics.close()
         world.barrier(what="metrics written")
         topo.comms.free()
+        if self.rank == 0 and cfg.metrics:
+            merge_parts(cfg.metrics, topo.world_size)
+        raise_if_nonfinite(reports)  # (the same on every rank)
         if self.rank != 0:
             return None
-        if cfg.metrics:
-            merge_parts(cfg.metrics, topo.world_size)
         sync = cfg.mode == "sync"
         summary = summarize(
             cfg,

@@ -15,7 +15,7 @@ from ..adaptive import server_batching
 from ..common import make_optimizer, set_rng_state
 from ..config import TrainConfig
 from ..evaluate import Evaluator
-from ..models import build_model
+from ..models import build_model, check_fits, resolve_device
 from ..resume import Resumed
 
 __all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
@@ -48,7 +48,8 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
             (:func:`~hybridagg.train.resume.start_run`); ``None``: fresh.
 
     Raises:
-        ValueError, TypeError, OSError: A bad model, data file or checkpoint.
+        ValueError, TypeError, OSError: A bad device, model (or one that does
+            not fit the data), data file or checkpoint.
     """
     torch.manual_seed(cfg.seed)
     info = load_split_info([cfg.data], "train")[0]
@@ -56,8 +57,9 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
     # but at least 8 windows per worker and epoch so shares can balance
     blocks = -(-info.length // info.block_samples)
     window_blocks = max(1, min(8, blocks // (8 * topo.num_workers)))
-    device = torch.device(cfg.device)
+    device = resolve_device(cfg.device, topo.rank)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
+    check_fits(model, info.sample_shape, info.num_classes, cfg.model, device)
     optimizer = make_optimizer(cfg, model)
     evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
     local = Local(model, optimizer, device, evaluator, window_blocks)
