@@ -242,11 +242,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
             # rank 0 (maybe started later) the time to print the message.
             time.sleep(_ERROR_GRACE_S)
         return 2
-    from .comm import RemoteError
+    from .comm import CommTimeoutError, RemoteError
     from .train import train
 
     try:
         train(cfg)
+    except CommTimeoutError as exc:  # an OSError, but no bad input: a stuck peer
+        from mpi4py import MPI
+
+        print(f"hybridagg train: error: {exc}; aborting the job", file=sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(int(exc.exit_code))
     except (ValueError, TypeError, OSError, RemoteError) as exc:
         from mpi4py import MPI
 
@@ -257,7 +263,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if not agreed:
             MPI.COMM_WORLD.Abort(2)
         return 2
+    except Exception as exc:
+        _end_if_peer_failed(exc)
+        raise
     return 0
+
+
+def _end_if_peer_failed(exc: BaseException) -> None:
+    """A dead or stuck peer (the heartbeat's verdict, or MPI's): exit 5, one message.
+
+    Other errors return, to reach the abort hook with their traceback.
+    """
+    from .comm import end_on_peer_failure, peer_failure_of
+
+    failure = peer_failure_of(exc)
+    if failure is not None:
+        end_on_peer_failure(failure, program="hybridagg train")
 
 
 _COMMANDS["train"] = _cmd_train

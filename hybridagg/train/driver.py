@@ -7,12 +7,20 @@ share of the data, emulate their speed, step the
 checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Errors in
 the set-up (a bad data file, a checkpoint of another model) become the same
 error on every rank before any training collective starts.
+
+A :class:`~hybridagg.comm.Heartbeat` runs for the whole run: a dead or stuck
+rank is found within ``HYBRIDAGG_FAILURE_TIMEOUT`` and every rank exits 5,
+the rank that found it naming the dead one and its role.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+from ..comm import Heartbeat, end_job, is_peer_failure, solo
+from ..comm.liveness import failure_timeout, solo_work_timeout
+from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
@@ -55,6 +63,29 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     topo = init(
         comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
     )
+    err = None
+    try:  # a bad value: the same error on every rank, before the collective start
+        failure_timeout()
+        solo_work_timeout()
+    except ValueError as exc:
+        err = exc
+    topo.comms.world.check(err, what="the heartbeat's settings")
+    heartbeat = Heartbeat(
+        topo.comms.world.mpi,
+        describe=topo.describe_rank,
+        on_failure=functools.partial(end_job, program="hybridagg train"),
+    )
+    try:
+        result = _run(cfg, topo, stop)
+    except BaseException as exc:
+        if not (isinstance(exc, PeerFailure) or is_peer_failure(exc)):
+            heartbeat.stop()  # this rank leaves: its successor must not mourn it
+        raise
+    heartbeat.free()
+    return result
+
+
+def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
     world = topo.comms.world
     err = None
     try:
@@ -64,7 +95,8 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     world.check(err, what="--slowdown")
     resume, manifest = _find_resume(cfg, topo)
     if cfg.checkpoint and world.rank == 0:
-        Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
+        with solo("removing a killed run's checkpoint parts"):
+            Checkpointer(cfg.checkpoint, 0).remove_stale()
     if topo.is_server:
         return ServerRole(cfg, topo, resume, stop).run()
     return WorkerRole(cfg, topo, resume, manifest, stop).run()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ...comm import Comm
+from ...comm import Comm, solo
 from ...optimizer import broadcast_parameters
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
@@ -24,6 +24,7 @@ from ..checkpoint import Checkpointer
 from ..common import rng_state
 from ..config import TrainConfig
 from ..emulation import Pacer
+from ..faults import at_step
 from ..metrics import MetricsWriter, merge_parts
 from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
@@ -172,10 +173,13 @@ class WorkerRole:
         if cfg.adaptive_batch and self.resume is None:
             self.adaptive.probe(self.model, loss_fn, pacer)
         stepper = Stepper(self.model, opt, self.loader, pacer, self.signal)
+        fault = at_step(self.rank)  # tests only: a death or a hang at a step
         self.epochs.begin()
         while not self._budget_spent():
             result = stepper.step(self.epochs)
             self.log.record(result, self.epochs.done)
+            if fault is not None:
+                fault(self.log.steps)
             signalled = self.signal.seen()
             if cfg.adaptive_batch:
                 self.adaptive.after_step()
@@ -215,18 +219,19 @@ class WorkerRole:
         topo.comms.free()
         if self.rank != 0:
             return None
-        if cfg.metrics:
-            merge_parts(cfg.metrics, topo.world_size)
-        sync = cfg.mode == "sync"
-        summary = summarize(
-            cfg,
-            topo,
-            reports,
-            updates=self.opt.updates if sync else (self.final_version or 0),
-            epochs=self.epochs.done,
-            time_to_target_s=self.validation.first_target,
-            final_accuracy=self.validation.final_accuracy,
-            resumed_from=self.resume,
-        )
-        publish(cfg, summary)
+        with solo("the final metrics merge and summary"):
+            if cfg.metrics:
+                merge_parts(cfg.metrics, topo.world_size)
+            sync = cfg.mode == "sync"
+            summary = summarize(
+                cfg,
+                topo,
+                reports,
+                updates=self.opt.updates if sync else (self.final_version or 0),
+                epochs=self.epochs.done,
+                time_to_target_s=self.validation.first_target,
+                final_accuracy=self.validation.final_accuracy,
+                resumed_from=self.resume,
+            )
+            publish(cfg, summary)
         return summary
