@@ -12,7 +12,8 @@ nothing from its predecessor for :func:`~hybridagg.comm.liveness.silence_limit`
 (or sees MPI report its failure) *declares* it: it sends a verdict to every
 other rank, so each knows within a fraction of a period. The rank that
 declared is the *reporter*; one dead rank has one watcher, so the message
-is printed once.
+is printed once (two reporters only where two ranks fail within a tick of
+each other, each then named by its own watcher).
 
 Declared *solo phases* (work one rank does while the others wait for it:
 rank 0's validation, a checkpoint commit) are announced to every rank; the
@@ -126,7 +127,6 @@ class Heartbeat:
         self._bye_req: MPI.Request | None = None
         self._seq = 0
         self._last_heard = time.monotonic()
-        self._declared_at = 0.0
         liveness.install(self)
         self._thread = threading.Thread(
             target=self._run, name="hybridagg-heartbeat", daemon=True
@@ -284,8 +284,7 @@ class Heartbeat:
         kind = notice[0]
         if kind == "verdict":
             _, text, ranks = notice
-            if self.failure is None or source < (self.reporter or 0):
-                # two reporters (rare: two deaths at once): the lower one wins
+            if self.failure is None:
                 self.failure, self.reporter = PeerFailure(text, tuple(ranks)), source
         elif kind == "begin":
             self._solo_change(source, notice[1], begin=True)
@@ -403,24 +402,17 @@ class Heartbeat:
         if self.failure is not None:
             return
         self.failure, self.reporter = PeerFailure(text, tuple(ranks)), self.rank
-        self._declared_at = time.monotonic()
         self._pred_gone = self._pred_gone or self._world(self.pred) in ranks
         # the declared ranks too: one that is stuck but alive learns it
         self._notify_all(("verdict", text, tuple(ranks)))
 
     def _conclude(self) -> None:
-        """The verdict is out: settle the reporter, then hand over to ``on_failure``."""
-        if self.reporter == self.rank:
-            # the other ranks act on the verdict within a tick; a lower
-            # reporter's verdict arriving meanwhile takes precedence
-            grace = max(1.0, 4 * self.tick)
-            while time.monotonic() - self._declared_at < grace:
-                try:
-                    self._receive_notices()
-                    self._reap_sends()
-                except MPI.Exception:
-                    pass
-                time.sleep(self.tick / 4)
+        """The verdict is out: hand over to ``on_failure`` at once.
+
+        At once on the reporter too: a launcher may end the whole job as
+        soon as another rank exits on the verdict, and the message must be
+        out by then.
+        """
         reporter = self.reporter == self.rank
         if not reporter:
             self._say_bye()  # the successor must not take this exit for a death

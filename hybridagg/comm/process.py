@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import torch
 from mpi4py import MPI
@@ -107,17 +108,25 @@ def _status_line(program: str, code: ExitCode) -> str:
     return f"{program}: rank {rank}: {code.name.lower()} (exit {int(code)})\n"
 
 
+_REPORTER_GRACE_S = 2.0
+"""Seconds the reporter of a failure lets the other ranks exit on their own
+(they learn the verdict within a fraction of a second) before its
+``MPI_Abort`` ends those that did not (a stuck rank)."""
+
+
 def end_job(
     failure: PeerFailure, reporter: bool, *, program: str = "hybridagg"
 ) -> None:
     """End this rank, and with it the job, after a peer failure; never returns.
 
     The reporter (the one rank that declared the failure) prints its
-    message, then its status line, and calls ``MPI_Abort`` with exit code 5,
+    message and its status line at once, lets the others exit
+    (``_REPORTER_GRACE_S``), then calls ``MPI_Abort`` with exit code 5,
     which ends every rank still running, a stuck one included, and makes
     the launcher exit 5 (Open MPI does so with and without ``--with-ft
     ulfm``). Every other rank prints its status line and exits 5 itself
-    (``os._exit``: ``MPI_Finalize`` could wait for the dead peer). The
+    (``os._exit``: ``MPI_Finalize`` could wait for the dead peer); a
+    launcher may end the whole job at that first exit, with code 5 too. The
     status line is ``PROGRAM: rank R: aborted (exit 5)``, one per rank, so
     that each rank's outcome can be read where the launcher does not report it.
 
@@ -135,6 +144,7 @@ def end_job(
         sys.stdout.flush()
     finally:
         if reporter:
+            time.sleep(_REPORTER_GRACE_S)
             MPI.COMM_WORLD.Abort(int(code))
         os._exit(int(code))
 
