@@ -268,7 +268,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             # rank 0 (maybe started later) the time to print the message.
             time.sleep(_ERROR_GRACE_S)
         return 2
-    from .comm import RemoteError
+    from .comm import CommTimeoutError, RemoteError
     from .runtime.outcomes import ExitCode, NonFiniteError
     from .train import train
 
@@ -277,6 +277,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteError as exc:  # raised on every rank, after a clean wind-down
         _stopped_together(str(exc))
         return int(ExitCode.NON_FINITE)
+    except CommTimeoutError as exc:  # an OSError, but no bad input: a stuck peer
+        from mpi4py import MPI
+
+        print(f"hybridagg train: error: {exc}; aborting the job", file=sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(int(exc.exit_code))
     except (ValueError, TypeError, OSError, RemoteError) as exc:
         from mpi4py import MPI
 
@@ -287,6 +293,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if not agreed:
             MPI.COMM_WORLD.Abort(2)
         return 2
+    except Exception as exc:
+        _end_if_peer_failed(exc)
+        raise
     return 0
 
 
@@ -304,6 +313,18 @@ def _stopped_together(message: str) -> None:
         print(f"hybridagg train: stopped: {message}", file=sys.stderr, flush=True)
     world.barrier(what="exit after a non-finite stop")
     world.free()
+
+
+def _end_if_peer_failed(exc: BaseException) -> None:
+    """A dead or stuck peer (the heartbeat's verdict, or MPI's): exit 5, one message.
+
+    Other errors return, to reach the abort hook with their traceback.
+    """
+    from .comm import end_on_peer_failure, peer_failure_of
+
+    failure = peer_failure_of(exc)
+    if failure is not None:
+        end_on_peer_failure(failure, program="hybridagg train")
 
 
 _COMMANDS["train"] = _cmd_train

@@ -59,7 +59,34 @@ _DECLARED = [
         "HYBRIDAGG_TIMEOUT",
         "600",
         "Seconds any single wait on MPI may take before it raises a "
-        "CommTimeoutError naming the operation and peer (the job then aborts).",
+        "CommTimeoutError naming the operation and peer (the job then aborts, "
+        "exit 5). Time during which some rank is in a declared solo phase "
+        "(see HYBRIDAGG_SOLO_WORK_TIMEOUT) does not count, and a dead or "
+        "stuck rank is found sooner by the heartbeat "
+        "(HYBRIDAGG_FAILURE_TIMEOUT): this bounds how long a live peer may "
+        "leave a wait unanswered outside solo phases (a hang, a deadlock, a "
+        "peer far slower than expected).",
+        kind="float",
+        positive=True,
+    ),
+    EnvVar(
+        "HYBRIDAGG_FAILURE_TIMEOUT",
+        "30",
+        "Seconds within which a dead or stuck rank is detected, even when the "
+        "launcher keeps the job alive after a rank dies (mpirun --with-ft "
+        "ulfm or --enable-recovery, some srun settings): every rank sends a "
+        "tiny heartbeat to the next one in a ring from a background thread; "
+        "one silent for about this long is declared, the message names it "
+        "and its role, and every rank exits 5. Finite and positive.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SOLO_WORK_TIMEOUT",
+        "3600",
+        "Seconds one rank may spend on work the others wait for: rank 0's "
+        "validation, checkpoint writes and commits (rank 0, the servers), the "
+        "final metrics merge and summary. Meanwhile the other ranks' waits "
+        "do not run into HYBRIDAGG_TIMEOUT; past this, the rank aborts the "
+        "job (exit 5) naming the phase. Finite and positive.",
         kind="float",
         positive=True,
     ),
@@ -209,8 +236,12 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_FAULT",
         None,
-        "Fault injection for tests: 'checkpoint:N:R' makes rank R exit in the "
-        "middle of writing its part of checkpoint N.",
+        "Fault injection for tests, one of: 'checkpoint:N:R' makes "
+        "rank R exit in the middle of writing its part of checkpoint N; "
+        "'kill:N:R' makes worker rank R kill itself (SIGKILL) at its step N; "
+        "'stop:N:R' makes it stop (SIGSTOP: alive but stuck) at step N; "
+        "'slow-validation:S' makes each of rank 0's validations last S "
+        "seconds longer.",
         "tests",
     ),
     EnvVar(

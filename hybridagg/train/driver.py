@@ -9,12 +9,21 @@ the run starts fresh or resumes, and from which checkpoint, is decided first
 (:mod:`~hybridagg.train.resume`). Errors in the set-up (a bad data file, a
 checkpoint folder of another run, a changed configuration) become the same
 error on every rank before any training collective starts.
+
+A :class:`~hybridagg.comm.Heartbeat` runs for the whole run: a dead or stuck
+rank is found within ``HYBRIDAGG_FAILURE_TIMEOUT`` and every rank exits 5,
+the rank that found it naming the dead one and its role.
 """
 
 from __future__ import annotations
 
+import functools
+
+from ..comm import Heartbeat, end_job, is_peer_failure, solo
+from ..comm.liveness import failure_timeout, solo_work_timeout
+from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
-from ..topology import init
+from ..topology import Topology, init
 from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .resume import start_run
@@ -38,6 +47,29 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     topo = init(
         comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
     )
+    err = None
+    try:  # a bad value: the same error on every rank, before the collective start
+        failure_timeout()
+        solo_work_timeout()
+    except ValueError as exc:
+        err = exc
+    topo.comms.world.check(err, what="the heartbeat's settings")
+    heartbeat = Heartbeat(
+        topo.comms.world.mpi,
+        describe=topo.describe_rank,
+        on_failure=functools.partial(end_job, program="hybridagg train"),
+    )
+    try:
+        result = _run(cfg, topo, stop)
+    except BaseException as exc:
+        if not (isinstance(exc, PeerFailure) or is_peer_failure(exc)):
+            heartbeat.stop()  # this rank leaves: its successor must not mourn it
+        raise
+    heartbeat.free()
+    return result
+
+
+def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
     world = topo.comms.world
     err = None
     try:
@@ -55,7 +87,8 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
             replace_others=cfg.overwrite_checkpoints,
         )
         if world.rank == 0:
-            ck.remove_stale()  # parts of a killed run
+            with solo("removing a killed run's checkpoint parts"):
+                ck.remove_stale()
     if topo.is_server:
         return ServerRole(cfg, topo, start, ck, stop).run()
     return WorkerRole(cfg, topo, start, ck, stop).run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ..comm import solo
 from ..ps.server import serve, server_max_sleep
 from ..topology import Topology
 from .checkpoint import Checkpointer
@@ -46,7 +47,10 @@ class _ServerEvents:
     def on_snapshot(self, number: int, state: dict) -> None:
         """Write this server's part of checkpoint ``number``."""
         t = time.perf_counter()
-        self.ck.write(number, {"server": state})
+        # the leaders wait for this server meanwhile (servers are few, so
+        # each one announcing its write costs little)
+        with solo(f"writing its part of checkpoint {number}"):
+            self.ck.write(number, {"server": state})
         self._last = state
         self.metrics.write(
             "checkpoint",
@@ -59,15 +63,16 @@ class _ServerEvents:
     def on_commit(self, number: int) -> None:
         """Server 0: every part is written; publish checkpoint ``number``."""
         state = self._last
-        self.ck.commit(
-            number,
-            manifest(
-                self.cfg,
-                self.topo,
-                version=state["version"],
-                done_groups=state["done"],
-            ),
-        )
+        with solo(f"committing checkpoint {number}"):
+            self.ck.commit(
+                number,
+                manifest(
+                    self.cfg,
+                    self.topo,
+                    version=state["version"],
+                    done_groups=state["done"],
+                ),
+            )
 
     def on_batch(self, version: int, decision) -> None:
         """Server 0 resized the groups' batches."""

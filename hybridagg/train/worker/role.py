@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ...comm import Comm
+from ...comm import Comm, solo
 from ...optimizer import broadcast_parameters
 from ...runtime.outcomes import NonFiniteError
 from ...topology import Topology
@@ -32,6 +32,7 @@ from ..checkpoint import Checkpointer
 from ..common import rng_state
 from ..config import TrainConfig
 from ..emulation import Pacer
+from ..faults import at_step
 from ..metrics import MetricsWriter, merge_parts
 from ..resume import RunStart
 from .checkpoints import WorkerCheckpoints
@@ -209,6 +210,7 @@ class WorkerRole:
             else sorted(topo.groups[topo.group])
         )
         stepper = Stepper(self.model, opt, self.loader, pacer, self.signal, rows)
+        fault = at_step(self.rank)  # tests only: a death or a hang at a step
         self.epochs.begin()
         while not self._budget_spent():
             result = stepper.step(self.epochs)
@@ -217,6 +219,8 @@ class WorkerRole:
                 self.nonfinite = f"step {self.log.steps}: {result.nonfinite}"
                 self.nonfinite_own = opt.nonfinite_here
                 break
+            if fault is not None:
+                fault(self.log.steps)
             signalled = self.signal.seen()
             if cfg.adaptive_batch:
                 self.adaptive.after_step()
@@ -263,21 +267,23 @@ class WorkerRole:
         world.barrier(what="metrics written")
         topo.comms.free()
         if self.rank == 0 and cfg.metrics:
-            merge_parts(cfg.metrics, topo.world_size)
+            with solo("the final metrics merge"):
+                merge_parts(cfg.metrics, topo.world_size)
         raise_if_nonfinite(reports)  # (the same on every rank)
         if self.rank != 0:
             return None
-        sync = cfg.mode == "sync"
-        summary = summarize(
-            cfg,
-            topo,
-            reports,
-            updates=self.opt.updates if sync else (self.final_version or 0),
-            epochs=self.epochs.done,
-            time_to_target_s=self.validation.first_target,
-            final_accuracy=self.validation.final_accuracy,
-            resumed_from=self.resume,
-            run_id=self.start.run_id,
-        )
-        publish(cfg, summary)
+        with solo("the summary"):
+            sync = cfg.mode == "sync"
+            summary = summarize(
+                cfg,
+                topo,
+                reports,
+                updates=self.opt.updates if sync else (self.final_version or 0),
+                epochs=self.epochs.done,
+                time_to_target_s=self.validation.first_target,
+                final_accuracy=self.validation.final_accuracy,
+                resumed_from=self.resume,
+                run_id=self.start.run_id,
+            )
+            publish(cfg, summary)
         return summary
