@@ -111,7 +111,9 @@ def test_a_peer_that_stops_heartbeating_is_declared_and_waits_raise(mpi_ranks):
         if rank == 0:
             os.kill(pids[stuck], signal.SIGCONT)
         assert liveness.silence_limit(FAILURE_TIMEOUT) < elapsed
-        assert elapsed < FAILURE_TIMEOUT + 1.0, elapsed
+        # a deadline, not a benchmark: far below the wait's own 60 s, with
+        # room for an oversubscribed, loaded machine
+        assert elapsed < FAILURE_TIMEOUT + 15.0, elapsed
         assert err.value.ranks == (stuck,)
         assert f"rank {stuck} (x) is dead or stuck" in str(err.value)
     # one reporter, the stuck rank's watcher (its successor in the ring)
