@@ -15,6 +15,7 @@ variant's median per operation and its ratio to no heartbeat.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -40,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", default="4096,4194304", help="bytes, comma-separated"
     )
+    parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     comm = Comm(MPI.COMM_WORLD, name="bench")
     variants = {"none": None, "timeout 30 s": 30.0, "timeout 5 s": 5.0}
+    records = []
+    if comm.rank == 0:
+        print("| bytes | heartbeat | us/op (median) | range | ratio to none |")
+        print("|---|---|---|---|---|")
     for size in (int(s) for s in args.sizes.split(",")):
         buf = np.ones(size // 4, dtype=np.float32)
         times: dict[str, list[float]] = {v: [] for v in variants}
@@ -58,10 +64,28 @@ def main(argv: list[str] | None = None) -> int:
             base = statistics.median(times["none"])
             for name, values in times.items():
                 med = statistics.median(values)
-                print(
-                    f"{size:>9} B  {name:<14} {med * 1e6:9.1f} us/op  "
-                    f"ratio {med / base:.3f}"
+                records.append(
+                    {
+                        "bytes": size,
+                        "heartbeat": name,
+                        "median_s": med,
+                        "min_s": min(values),
+                        "max_s": max(values),
+                        "ratio": med / base,
+                        "ranks": comm.size,
+                        "reps": args.reps,
+                        "iters": args.iters,
+                    }
                 )
+                print(
+                    f"| {size} | {name} | {med * 1e6:.1f} | "
+                    f"{min(values) * 1e6:.1f}-{max(values) * 1e6:.1f} | "
+                    f"{med / base:.3f} |"
+                )
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"records": records}, fh, indent=1)
+        print(f"# wrote {args.json}")
     comm.free()
     return 0
 
