@@ -47,6 +47,7 @@ FLAGS = [
     "--momentum",
     "--no-lookahead",
     "--no-progress",
+    "--on-group-failure",
     "--optimizer",
     "--overlap",
     "--resume",

@@ -245,6 +245,17 @@ class PSClient:
         """Tell every server this leader is finished."""
         self._tell_all(P.Request(P.DONE), "done message to the parameter servers")
 
+    def lost(self, dead_rank: int) -> None:
+        """Tell every server this leader's group lost a member and leaves.
+
+        Args:
+            dead_rank: The world rank found dead (-1: unknown).
+        """
+        self._tell_all(
+            P.Request(P.LOST, int(dead_rank)),
+            "lost-group message to the parameter servers",
+        )
+
     def receive_final(self, timeout: float | None = None) -> int:
         """On leader 0: receive every server's final shard; returns the version."""
         reqs, heads = [], []

@@ -10,8 +10,9 @@ group)::
 
     [kind, arg, samples, flags, seconds_per_sample, reserved, lr of each group...]
 
-``arg`` is the version the gradient was computed from (``PUSH``) or the
-checkpoint number (``CKPT``); ``flags`` holds :data:`FLAG_STOP` (the group
+``arg`` is the version the gradient was computed from (``PUSH``), the
+checkpoint number (``CKPT``) or the world rank found dead (``LOST``: the
+leader's group lost a member and leaves; ``--on-group-failure continue``); ``flags`` holds :data:`FLAG_STOP` (the group
 asks every group to stop, e.g. after SIGTERM); ``seconds_per_sample`` is the
 group's measured compute time per sample (adaptive batching).
 
@@ -40,6 +41,7 @@ __all__ = [
     "GRAD",
     "HDR",
     "INIT",
+    "LOST",
     "PULL",
     "PUSH",
     "REPLY_BUF",
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 # message kinds (a request's first field)
-PUSH, PULL, DONE, CKPT = 1.0, 2.0, 3.0, 4.0
+PUSH, PULL, DONE, CKPT, LOST = 1.0, 2.0, 3.0, 4.0, 5.0
 # tags
 INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101, 110)
 # fixed fields of a request header, before the learning rates
@@ -78,9 +80,11 @@ class Request:
     """A leader's request header (see the module docstring for the layout).
 
     Attributes:
-        kind: :data:`PUSH`, :data:`PULL`, :data:`DONE` or :data:`CKPT`.
+        kind: :data:`PUSH`, :data:`PULL`, :data:`DONE`, :data:`CKPT` or
+            :data:`LOST`.
         arg: ``PUSH``: the version the gradient came from; ``CKPT``: the
-            checkpoint number.
+            checkpoint number; ``LOST``: the world rank found dead (-1:
+            unknown).
         samples: Samples in the pushed gradient.
         flags: Bit field (:data:`FLAG_STOP`).
         seconds_per_sample: The group's compute time per sample (0: none).

@@ -55,6 +55,14 @@ _DECLARED = [
         "CommTimeoutError naming the operation and peer (the job then aborts).",
     ),
     EnvVar(
+        "HYBRIDAGG_SURVIVOR_WAIT",
+        "86400",
+        "With --on-group-failure continue: seconds the surviving ranks of a "
+        "dropped group wait for the rest of the job to end (they exit with the "
+        "others: a rank that leaves early with a non-zero code makes Open MPI's "
+        "launcher end the job).",
+    ),
+    EnvVar(
         "HYBRIDAGG_POLL_SPIN_US",
         "100",
         "Microseconds a wait spins on MPI_Test before it starts sleeping.",
@@ -186,7 +194,8 @@ _DECLARED = [
         "HYBRIDAGG_FAULT",
         None,
         "Fault injection for tests: 'checkpoint:N:R' makes rank R exit in the "
-        "middle of writing its part of checkpoint N.",
+        "middle of writing its part of checkpoint N; 'kill:R:N' SIGKILLs rank R "
+        "at its N-th step (a worker) or update (a server).",
         "tests",
     ),
     EnvVar(
