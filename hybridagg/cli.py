@@ -243,10 +243,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
             time.sleep(_ERROR_GRACE_S)
         return 2
     from .comm import RemoteError
-    from .train import train
+    from .train.driver import run
+    from .train.survival import status_line
 
     try:
-        train(cfg)
+        _, status = run(cfg)
+        if (
+            status is not None
+        ):  # --on-group-failure continue: each rank says how it ended
+            from mpi4py import MPI
+
+            line = status_line(MPI.COMM_WORLD.Get_rank(), status)
+            print(line, file=sys.stderr, flush=True)
+            return int(status.code)
     except (ValueError, TypeError, OSError, RemoteError) as exc:
         from mpi4py import MPI
 

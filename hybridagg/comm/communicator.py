@@ -12,6 +12,7 @@ is not decided here but in :mod:`hybridagg.collectives`.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import numbers
 import pickle
 from collections.abc import Callable, Sequence
@@ -135,10 +136,8 @@ class Comm:
             child.revoke()
         if self.mpi in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
             return
-        try:
+        with contextlib.suppress(MPI.Exception, NotImplementedError):
             self.mpi.Revoke()
-        except (MPI.Exception, NotImplementedError):
-            pass
 
     def free(self) -> None:
         """Free the underlying communicator (not ``COMM_WORLD``/``COMM_SELF``).

@@ -263,7 +263,7 @@ class _Server:
             self.busy_seconds += time.perf_counter() - start
         return self.finish(final_to)
 
-    def _next(self) -> bool:
+    def _next(self) -> int | None:
         """One test of the inbox (``drop_lost``: a dead leader's group is dropped)."""
         try:
             return self.handler.next_request()
@@ -335,7 +335,7 @@ class _Server:
     def _stats(self) -> ServerStats:
         return ServerStats(
             server=self.server,
-            version=store.version,
+            version=self.store.version,
             updates_per_leader=list(self.book.updates),
             pulls=self.handler.pulls,
             held=self.book.held_count,

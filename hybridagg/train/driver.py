@@ -16,12 +16,14 @@ from pathlib import Path
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
+from .chunks import ChunkService, check_fault_tolerance
 from .common import check_manifest
 from .config import TrainConfig
 from .server_role import ServerRole
+from .survival import RankStatus
 from .worker import WorkerRole
 
-__all__ = ["train"]
+__all__ = ["run", "train"]
 
 
 def _find_resume(cfg: TrainConfig, topo: Topology) -> tuple[Path | None, dict | None]:
@@ -45,11 +47,23 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     """Run one training job (collective over ``comm``, default ``COMM_WORLD``).
 
     Returns:
-        The run's summary on rank 0, ``None`` elsewhere.
+        The run's summary on rank 0 (with ``--on-group-failure continue``: on
+        the rank that wrote it), ``None`` elsewhere.
 
     Raises:
         ValueError, TypeError, FileNotFoundError: A bad option, data file or
             checkpoint; the same error on every rank.
+    """
+    return run(cfg, comm)[0]
+
+
+def run(cfg: TrainConfig, comm=None) -> tuple[dict | None, RankStatus | None]:
+    """:func:`train`, also returning this rank's status.
+
+    Returns:
+        The summary (or ``None``) and, with ``--on-group-failure continue``,
+        this rank's :class:`~hybridagg.train.survival.RankStatus` (its exit
+        code and why); ``None`` otherwise.
     """
     stop = stop_flag()
     topo = init(
@@ -62,9 +76,15 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     except ValueError as exc:
         err = exc
     world.check(err, what="--slowdown")
+    if cfg.survives_group_loss:
+        check_fault_tolerance(world)  # after MPI init: the same verdict everywhere
     resume, manifest = _find_resume(cfg, topo)
     if cfg.checkpoint and world.rank == 0:
         Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
+    chunks = ChunkService.build(topo) if cfg.survives_group_loss else None
     if topo.is_server:
-        return ServerRole(cfg, topo, resume, stop).run()
-    return WorkerRole(cfg, topo, resume, manifest, stop).run()
+        role = ServerRole(cfg, topo, resume, stop, chunks)
+    else:
+        role = WorkerRole(cfg, topo, resume, manifest, stop, chunks)
+    summary = role.run()
+    return summary, role.status

@@ -6,12 +6,16 @@ import threading
 import time
 from pathlib import Path
 
-from ..ps.server import serve, server_max_sleep
+from ..ps.server import ServerStats, serve, server_max_sleep
+from ..runtime.faults import kill_at
+from ..runtime.outcomes import PeerFailure
 from ..topology import Topology
 from .checkpoint import Checkpointer, load_part
+from .chunks import ChunkService
 from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
 from .metrics import MetricsWriter
+from .survival import FATAL, OK, Ending, RankStatus, end_of_run
 
 __all__ = ["ServerRole"]
 
@@ -68,6 +72,16 @@ class _ServerEvents:
             ),
         )
 
+    def on_drop(self, group: int, dead_rank: int) -> None:
+        """A group was dropped after one of its ranks died (``continue``)."""
+        self.metrics.write(
+            "group_lost",
+            t=time.perf_counter() - self.start,
+            group=group,
+            ranks=list(self.topo.groups[group]),
+            dead_rank=dead_rank,
+        )
+
     def on_batch(self, version: int, decision) -> None:
         """Server 0 resized the groups' batches."""
         self.metrics.write(
@@ -89,6 +103,11 @@ class ServerRole:
         topo: The topology.
         resume: The checkpoint to resume from (``None``: a fresh start).
         stop: The process's stop flag.
+        chunks: ``--on-group-failure continue``: the chunk counter (server 0
+            holds it).
+
+    Attributes:
+        status: With ``continue``, how this rank ends (set by :meth:`run`).
     """
 
     def __init__(
@@ -97,8 +116,11 @@ class ServerRole:
         topo: Topology,
         resume: Path | None,
         stop: threading.Event,
+        chunks: ChunkService | None = None,
     ) -> None:
         self.cfg, self.topo, self.resume, self.stop = cfg, topo, resume, stop
+        self.chunks = chunks
+        self.status: RankStatus | None = None
 
     def _restore(self) -> dict | None:
         """This server's state in the checkpoint resumed from (``None``: fresh)."""
@@ -127,6 +149,8 @@ class ServerRole:
         warm_up_optimizer(cfg)
         events = _ServerEvents(cfg, topo, ck, metrics)
         first = topo.servers[0] == topo.rank
+        if self.chunks is not None:
+            return self._serve_surviving(events, ck, first, restore, metrics)
         stats = serve(
             topo,
             checkpoint_every=cfg.checkpoint_every,
@@ -147,4 +171,70 @@ class ServerRole:
         world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
+        return None
+
+    # --- --on-group-failure continue ------------------------------------------
+    def _serve_surviving(
+        self,
+        events: _ServerEvents,
+        ck: Checkpointer | None,
+        first: bool,
+        restore: dict | None,
+        metrics: MetricsWriter,
+    ) -> None:
+        """Serve, dropping lost groups; then end with the other survivors."""
+        topo, chunks = self.topo, self.chunks
+        box: dict = {}
+
+        def report(stats: ServerStats) -> dict:
+            return {
+                "role": "server",
+                "version": stats.version,
+                "max_staleness": stats.max_staleness,
+                "busy_s": stats.busy_seconds,
+            }
+
+        def final_to(stats: ServerStats) -> int | None:
+            lost = {
+                g: (t - events.start, dead)
+                for g, (t, dead) in stats.lost_groups.items()
+            }
+            mine = Ending(
+                topo.rank, "server", OK, report=report(stats), lost_groups=lost
+            )
+            box["end"] = end_of_run(topo, mine, poll=chunks.poll)
+            box["mine"] = mine
+            verdict = box["end"][2]
+            if verdict.reporter is None:
+                return None
+            return topo.group_of(verdict.reporter)  # its leader's rank on ps
+
+        try:
+            serve(
+                topo,
+                checkpoint_every=self.cfg.checkpoint_every,
+                on_snapshot=events.on_snapshot if ck else None,
+                on_commit=events.on_commit if (ck and first) else None,
+                stop_requested=self.stop.is_set,
+                restore=restore,
+                on_ready=events.on_ready,
+                on_batch=events.on_batch,
+                drop_lost=True,
+                on_drop=events.on_drop,
+                poll=chunks.poll,
+                final_to=final_to,
+                fault=lambda version: kill_at(topo.rank, version),
+            )
+        except PeerFailure as exc:
+            if "end" in box:  # (a failure after the agreement: nothing to redo)
+                raise
+            mine = Ending(topo.rank, "server", FATAL, str(exc), exc.ranks)
+            box["end"] = end_of_run(topo, mine, poll=chunks.poll)
+            box["mine"] = mine
+        chunks.close()
+        metrics.close()
+        survivors, _, verdict = box["end"]
+        self.status = verdict.status_of(box["mine"])
+        survivors.barrier(what="metrics written")
+        survivors.free()
         return None

@@ -220,7 +220,7 @@ def _wait_agree(
         flag = np.array([1 if ok else 0], dtype=np.intc)
         req = world.mpi.Iagree(flag)
 
-        def done() -> bool:
+        def done(req=req) -> bool:
             if poll is not None:
                 poll()
             return req.Test()

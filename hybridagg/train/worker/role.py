@@ -18,13 +18,16 @@ from typing import TypeVar
 
 from ...comm import Comm
 from ...optimizer import broadcast_parameters
+from ...runtime.faults import kill_at
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
 from ..checkpoint import Checkpointer
+from ..chunks import ChunkService
 from ..common import rng_state
 from ..config import TrainConfig
 from ..emulation import Pacer
 from ..metrics import MetricsWriter, merge_parts
+from ..survival import RankStatus
 from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
 from .epochs import Epochs
@@ -33,6 +36,7 @@ from .report import publish, summarize
 from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
 from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
+from .surviving import SurvivingWorker
 from .validation import Validation
 
 __all__ = ["WorkerRole"]
@@ -60,6 +64,11 @@ class WorkerRole:
         resume: The checkpoint to resume from (``None``: a fresh start).
         manifest: Its manifest.
         stop: The process's stop flag.
+        chunks: ``--on-group-failure continue``: the chunk counter, served
+            by server 0 (:mod:`.surviving` then ends the run).
+
+    Attributes:
+        status: With ``continue``, how this rank ends (set by :meth:`run`).
     """
 
     def __init__(
@@ -69,11 +78,14 @@ class WorkerRole:
         resume: Path | None,
         manifest: dict | None,
         stop: threading.Event,
+        chunks: ChunkService | None = None,
     ) -> None:
         self.cfg, self.topo, self.resume, self.manifest = cfg, topo, resume, manifest
         self.stop = stop
         self.rank = topo.rank
         self.world = topo.comms.world
+        self.chunks = chunks
+        self.status: RankStatus | None = None
 
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
@@ -82,8 +94,9 @@ class WorkerRole:
             world, "set-up", lambda: set_up_local(cfg, topo, self.resume, self.manifest)
         )
         self.model, self.optimizer = local.model, local.optimizer
+        counter = self.chunks.client if self.chunks is not None else None
         self.loader = _agreed(
-            world, "data", lambda: make_loader(cfg, topo, local, self.resume)
+            world, "data", lambda: make_loader(cfg, topo, local, self.resume, counter)
         )
         if local.part is None and not local.done_already:
             broadcast_parameters(self.model.state_dict(), 0, topo)
@@ -96,6 +109,8 @@ class WorkerRole:
             cfg, topo, self.opt, self.loader, self.metrics, start
         )
         self._wire(local, ck, start)
+        if self.chunks is not None:
+            return SurvivingWorker(self).run(local)
         if not local.done_already:
             self._train()
         self._finish()
@@ -176,6 +191,7 @@ class WorkerRole:
         while not self._budget_spent():
             result = stepper.step(self.epochs)
             self.log.record(result, self.epochs.done)
+            kill_at(self.rank, self.log.steps)  # (a test's fault injection)
             signalled = self.signal.seen()
             if cfg.adaptive_batch:
                 self.adaptive.after_step()

@@ -81,9 +81,17 @@ def set_up_local(
 
 
 def make_loader(
-    cfg: TrainConfig, topo: Topology, local: Local, resume: Path | None
+    cfg: TrainConfig,
+    topo: Topology,
+    local: Local,
+    resume: Path | None,
+    chunk_counter=None,
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
+
+    With ``chunk_counter`` (``--on-group-failure continue``) the dynamic
+    shares draw from it, and files are read independently (``posix``): an
+    MPI-IO file is closed collectively, which a dead worker would block.
 
     Raises:
         ValueError, TypeError, OSError: A bad data file or loader state.
@@ -97,6 +105,11 @@ def make_loader(
         window_blocks=local.window_blocks,
         normalize=True,
         device=local.device,
+        **(
+            {"chunk_counter": chunk_counter, "driver": "posix"}
+            if chunk_counter is not None
+            else {}
+        ),
     )
     if local.part is not None:
         loader.load_state_dict(local.part["loader"])
@@ -137,4 +150,5 @@ def make_distributed_optimizer(
         max_updates=cfg.steps if cfg.mode != "sync" else None,
         overlap=cfg.overlap,
         server_batching=server_batching(cfg, topo),
+        fault_tolerant=cfg.survives_group_loss,
     )
