@@ -41,13 +41,30 @@ revoking the communicator)."""
 
 
 def is_process_failure(error: BaseException) -> bool:
-    """Whether ``error`` is an MPI error caused by a dead peer or a revocation."""
+    """Whether ``error`` is an MPI error caused by a dead peer or a revocation.
+
+    A test of several requests at once (``MPI_Testsome``) reports a failed
+    request as ``MPI_ERR_IN_STATUS``, the real class being in a status
+    mpi4py does not return: that counts as a peer's failure when this
+    process knows of a failed process.
+    """
     if not isinstance(error, MPI.Exception):
         return False
     try:
-        return error.Get_error_class() in FAILURE_CLASSES
+        cls = error.Get_error_class()
     except MPI.Exception:
         return False
+    if cls in FAILURE_CLASSES:
+        return True
+    if cls == MPI.ERR_IN_STATUS:
+        try:
+            group = MPI.COMM_WORLD.Get_failed()
+        except (MPI.Exception, NotImplementedError):
+            return False
+        known = group.Get_size() > 0
+        group.Free()
+        return known
+    return False
 
 
 def _libmpi() -> ctypes.CDLL | None:

@@ -236,5 +236,6 @@ class ServerRole:
         survivors, _, verdict = box["end"]
         self.status = verdict.status_of(box["mine"])
         survivors.barrier(what="metrics written")
+        survivors.barrier(what="end of the run")  # (the summary is written)
         survivors.free()
         return None

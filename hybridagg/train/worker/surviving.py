@@ -84,8 +84,12 @@ class SurvivingWorker:
         survivors.barrier(what="metrics written")
         if verdict.reporter == topo.rank:
             summary = self._summary(endings, verdict)
-        if local.evaluator is not None or role.validation.evaluator is not None:
-            (role.validation.evaluator or local.evaluator).close()
+        if role.validation.evaluator is not None:
+            role.validation.evaluator.close()
+        # nobody exits before the summary is written: under --with-ft ulfm a
+        # rank that exits with a non-zero code while others still run makes
+        # the launcher abort the job (and, seen with Open MPI 5.0, hang)
+        survivors.barrier(what="end of the run")
         survivors.free()
         return summary
 
