@@ -36,7 +36,7 @@ from hybridagg.train.survival import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-STATUS = re.compile(r"^hybridagg train: rank (\d+): (\w+) \(exit (\d+)\)(?:: (.*))?$")
+STATUS = re.compile(r"^hybridagg train: rank (\d+): (\w+) \(code (\d+)\)(?:: (.*))?$")
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_the_status_line_is_one_parseable_line():
         "group 1 lost: rank 2",
     )
     assert status_line(0, RankStatus(ExitCode.FINISHED)) == (
-        "hybridagg train: rank 0: finished (exit 0)"
+        "hybridagg train: rank 0: finished (code 0)"
     )
 
 

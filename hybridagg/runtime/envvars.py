@@ -63,6 +63,15 @@ _DECLARED = [
         "launcher end the job).",
     ),
     EnvVar(
+        "HYBRIDAGG_EXIT_CODES",
+        "0",
+        "With --on-group-failure continue: 1 makes each rank's process exit with "
+        "its status code (4 finished with losses, 5 aborted, 6 group lost); by "
+        "default it exits 0 and its final status line says the code, because "
+        "Open MPI 5's launcher under --with-ft ulfm can hang when a rank exits "
+        "non-zero.",
+    ),
+    EnvVar(
         "HYBRIDAGG_POLL_SPIN_US",
         "100",
         "Microseconds a wait spins on MPI_Test before it starts sleeping.",

@@ -143,9 +143,11 @@ class RankStatus:
 def status_line(rank: int, status: RankStatus) -> str:
     """The final status line a rank prints on stderr (one line, parseable).
 
-    ``hybridagg train: rank R: <status> (exit N)[: reason]``
+    ``hybridagg train: rank R: <status> (code N)[: reason]``, where ``N`` is
+    the :class:`~hybridagg.runtime.outcomes.ExitCode` (the process exits with
+    it only with ``HYBRIDAGG_EXIT_CODES=1``, see ``hybridagg env``).
     """
-    line = f"hybridagg train: rank {rank}: {status.word} (exit {int(status.code)})"
+    line = f"hybridagg train: rank {rank}: {status.word} (code {int(status.code)})"
     if status.message:
         line += ": " + " ".join(status.message.split())
     return line
