@@ -270,10 +270,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     from .comm import CommTimeoutError, RemoteError
     from .runtime.outcomes import ExitCode, NonFiniteError
-    from .train import train
+    from .train.driver import run
+    from .train.survival import status_line
 
     try:
-        train(cfg)
+        _, status = run(cfg)
+        if (
+            status is not None
+        ):  # --on-group-failure continue: each rank says how it ended
+            from mpi4py import MPI
+
+            line = status_line(MPI.COMM_WORLD.Get_rank(), status)
+            print(line, file=sys.stderr, flush=True)
+            return int(status.code)
     except NonFiniteError as exc:  # raised on every rank, after a clean wind-down
         _stopped_together(str(exc))
         return int(ExitCode.NON_FINITE)

@@ -48,6 +48,7 @@ FLAGS = [
     "--momentum",
     "--no-lookahead",
     "--no-progress",
+    "--on-group-failure",
     "--optimizer",
     "--overlap",
     "--overwrite-checkpoints",

@@ -12,6 +12,7 @@ is not decided here but in :mod:`hybridagg.collectives`.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import numbers
 import pickle
 from collections.abc import Callable, Sequence
@@ -83,6 +84,8 @@ class Comm:
             self.mpi = base
         self.rank: int = self.mpi.Get_rank()
         self.size: int = self.mpi.Get_size()
+        # communicators derived from this one (split, dup): revoke() reaches them
+        self.children: list[Comm] = []
 
     def __repr__(self) -> str:
         return f"Comm({self.name!r}, rank={self.rank}, size={self.size})"
@@ -103,17 +106,38 @@ class Comm:
         sub = self.mpi.Split(MPI.UNDEFINED if color is None else int(color), key)
         if sub == MPI.COMM_NULL:
             return None
-        return Comm(sub, name=name, dup=False, timeout=self.timeout)
+        return self._adopt(Comm(sub, name=name, dup=False, timeout=self.timeout))
 
     def split_shared(self, *, name: str = "node") -> Comm:
         """Split into node-local communicators (``MPI_COMM_TYPE_SHARED``)."""
         self.barrier(what=f"split of {self.name} into {name}")
         sub = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        return Comm(sub, name=name, dup=False, timeout=self.timeout)
+        return self._adopt(Comm(sub, name=name, dup=False, timeout=self.timeout))
 
     def dup(self, name: str) -> Comm:
         """A new communicator over the same ranks, for traffic of its own (collective)."""
-        return Comm(self.mpi, name=name, dup=True, timeout=self.timeout)
+        return self._adopt(Comm(self.mpi, name=name, dup=True, timeout=self.timeout))
+
+    def _adopt(self, child: Comm) -> Comm:
+        self.children.append(child)
+        return child
+
+    def revoke(self) -> None:
+        """Revoke this communicator and every one derived from it (ULFM).
+
+        After a peer died, the ranks that noticed revoke, so that every
+        operation on these communicators, pending or future, fails on every
+        member with ``MPI_ERR_REVOKED`` instead of waiting for the dead peer
+        (a ring step whose neighbours are alive would otherwise wait for
+        data that can no longer come). Local and non-blocking; errors
+        (a communicator already freed or revoked) are ignored.
+        """
+        for child in self.children:
+            child.revoke()
+        if self.mpi in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+            return
+        with contextlib.suppress(MPI.Exception, NotImplementedError):
+            self.mpi.Revoke()
 
     def free(self) -> None:
         """Free the underlying communicator (not ``COMM_WORLD``/``COMM_SELF``).

@@ -150,14 +150,20 @@ def wait_until(
     Raises:
         CommTimeoutError: ``done`` stayed false for ``timeout`` seconds (not
             counting time during which some rank was in a solo phase).
-        PeerFailure: The heartbeat declared a peer dead or stuck, or MPI
-            reported a failed process.
+        PeerFailure: The heartbeat declared a peer dead or stuck, or (while
+            a heartbeat runs) MPI reported a failed process.
     """
     try:
         return _wait_until(
             done, what, timeout, activity, spin, max_sleep, max_sleep_for
         )
     except MPI.Exception as exc:
+        # Only a job a heartbeat watches (hybridagg train, aborting on a
+        # failure) wants MPI's failure errors as a PeerFailure; code that
+        # survives failures (--on-group-failure continue) handles MPI's own
+        # error classes, so they reach it unchanged.
+        if liveness.current() is None:
+            raise
         failure = peer_failure_from(exc, what=what)
         if failure is None:
             raise

@@ -100,6 +100,10 @@ class HDF5Loader:
         labels_key: Name of the labels dataset.
         num_classes: Overrides the file's ``num_classes``.
         timeout: Longest wait for a batch (default ``HYBRIDAGG_TIMEOUT``).
+        chunk_counter: Dynamic shares: the counter chunks are drawn from
+            (``fetch_add``, ``read``, ``set``, ``free``), e.g. a
+            :class:`hybridagg.comm.counter.ServedCounter`; default: an MPI
+            window over the workers (or a local counter without MPI).
 
     Attributes:
         options: The validated keywords (:class:`LoaderOptions`); ``paths``,
@@ -147,8 +151,9 @@ class HDF5Loader:
         labels_key: str = "labels",
         num_classes: int | None = None,
         timeout: float | None = None,
+        chunk_counter: Any = None,
     ) -> None:
-        self._parts = parts = LoaderParts(comm)
+        self._parts = parts = LoaderParts(comm, chunk_counter)
         err: BaseException | None = None
         try:
             options = LoaderOptions(

@@ -73,6 +73,7 @@ class LoaderParts:
     Args:
         comm: The workers' communicator, as given to the loader (duplicated
             here once), or ``None``.
+        chunk_counter: Dynamic shares' counter (``None``: the default one).
 
     Attributes:
         comm: The loader's communicator (``None`` without MPI or once closed).
@@ -89,8 +90,9 @@ class LoaderParts:
         epochs: The epoch loop.
     """
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, chunk_counter: Any = None) -> None:
         self.comm = data_comm(comm)
+        self.chunk_counter = chunk_counter
         self.rank = self.comm.rank if self.comm else 0
         self.size = self.comm.size if self.comm else 1
         self.files: SplitFiles | None = None
@@ -188,6 +190,7 @@ class LoaderParts:
             batch_sizes=self.agreed.batch_sizes,
             n_windows=self.windows_per_epoch,
             epoch=self.options.epoch,
+            counter=self.chunk_counter,
         )
 
     def close(self) -> None:

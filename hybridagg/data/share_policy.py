@@ -252,6 +252,8 @@ class DynamicShares:
         batch_sizes: Every worker's batch size (only this worker's is used).
         n_windows: Windows of an epoch.
         epoch: First epoch.
+        counter: The counter to draw from (``None``: an MPI window over
+            ``comm``, or a local counter without one).
     """
 
     kind = "dynamic"
@@ -265,13 +267,14 @@ class DynamicShares:
         batch_sizes: Sequence[int],
         n_windows: int,
         epoch: int,
+        counter: Any = None,
     ) -> None:
         self.comm, self.rank, self.workers = comm, rank, workers
         self.batch_sizes = [int(b) for b in batch_sizes]
         self.batch_box = [self.batch_sizes[rank]]
-        self.counter: WindowCounter | LocalCounter | None = (
-            WindowCounter(comm) if comm else LocalCounter()
-        )
+        if counter is None:
+            counter = WindowCounter(comm) if comm else LocalCounter()
+        self.counter: Any = counter
         self.track = DynamicTrack(n_windows=n_windows, epoch=epoch)
 
     def steps_per_epoch(self) -> None:

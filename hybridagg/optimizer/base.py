@@ -19,6 +19,7 @@ and its side channel, and the queries whose answer differs by mode.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
@@ -70,6 +71,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             :attr:`batch_advice`. Keys: ``initial`` (each group's batch),
             ``deadband``, ``smoothing``, ``window``, ``min_batch``,
             ``max_group_batch``.
+        fault_tolerant: The run survives the loss of a group
+            (``--on-group-failure continue``): no shared-memory window is
+            used for the group's reduction (Open MPI does not support its
+            shared-memory windows after a process failure).
 
     Raises:
         TypeError: ``optimizer`` or ``topology`` is of the wrong kind.
@@ -106,6 +111,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         max_updates: int | None = None,
         overlap: bool = False,
         server_batching: dict | None = None,
+        fault_tolerant: bool = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -147,6 +153,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         settings, error = None, None
         try:
             settings = CollectiveSettings.from_env()
+            if fault_tolerant:
+                # Open MPI does not support its shared-memory windows after a
+                # process failure: a peer killed inside a window's lock or
+                # flag wait would leave the survivors waiting past any ULFM
+                # error, so groups reduce by messages only
+                settings = dataclasses.replace(settings, shared_memory=False)
         except ValueError as exc:  # (one rank's bad value: an error on every rank)
             error = exc
         self._control = self._scope(topo).dup("control")

@@ -73,9 +73,18 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
         self._exchange.step(grads, total, lrs)
         self.updates = self._exchange.updates
 
-    def finish(self, timeout: float | None = None) -> int | None:
+    def finish(self, timeout: float | None = None, final: bool = True) -> int | None:
+        """End this rank's run; see :meth:`GroupExchange.finish` for ``final``."""
         super().finish(timeout)
-        return self._exchange.finish(timeout)
+        return self._exchange.finish(timeout, final)
+
+    def receive_final(self, timeout: float | None = None) -> int:
+        """On the leader the survivors chose: load the servers' final weights."""
+        return self._exchange.receive_final(timeout)
+
+    def group_lost(self, dead_rank: int) -> None:
+        """This rank's group lost a member: the leader tells the servers to drop it."""
+        self._exchange.lost(dead_rank)
 
     def request_stop(self) -> None:
         self._exchange.stop_flags |= FLAG_STOP

@@ -261,6 +261,17 @@ class PSClient:
         )
         self._tell_all(request, "done message to the parameter servers")
 
+    def lost(self, dead_rank: int) -> None:
+        """Tell every server this leader's group lost a member and leaves.
+
+        Args:
+            dead_rank: The world rank found dead (-1: unknown).
+        """
+        self._tell_all(
+            P.Request(P.LOST, int(dead_rank)),
+            "lost-group message to the parameter servers",
+        )
+
     def receive_final(self, timeout: float | None = None) -> int:
         """On leader 0: receive every server's final shard; returns the version."""
         reqs, heads = [], []

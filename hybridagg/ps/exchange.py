@@ -303,12 +303,18 @@ class GroupExchange:
         self.client.flat_weights.copy_(saved)
         return fresh
 
-    def finish(self, timeout: float | None = None) -> int | None:
+    def finish(self, timeout: float | None = None, final: bool = True) -> int | None:
         """End this group's run (call on every worker, after the last step).
 
         The leader completes any pending exchange, tells the servers it is
         done; leader 0 then receives the final weights of every shard (once
         every group is done) and loads them into its model.
+
+        Args:
+            timeout: Seconds to wait for the final weights.
+            final: Leader 0 receives the final weights now. ``False`` (with
+                ``--on-group-failure continue``): whichever leader the
+                survivors choose receives them later (:meth:`receive_final`).
 
         Returns:
             On leader 0 the final server version, else ``None``.
@@ -318,8 +324,32 @@ class GroupExchange:
         if self.pending is not None:
             self._finish_pending()
         self.client.done(nonfinite=self.nonfinite_group)
-        if self.client.ps.rank != 0:
+        if self.client.ps.rank != 0 or not final:
             return None
+        return self.receive_final(timeout)
+
+    def receive_final(self, timeout: float | None = None) -> int:
+        """On the leader chosen to: receive every shard's final weights into the model.
+
+        Returns:
+            The final server version.
+        """
         version = self.client.receive_final(timeout)
         self.client.unpack_into_model()
         return version
+
+    def lost(self, dead_rank: int) -> None:
+        """A member of this group died: the leader tells the servers, which drop the group.
+
+        A pending exchange is completed first (the servers are alive), so no
+        reply is left in flight to a leader that no longer listens.
+
+        Args:
+            dead_rank: The world rank found dead (-1: unknown).
+        """
+        if not self.is_leader:
+            return
+        if self.pending is not None:
+            self.client.complete(self.pending)
+            self.pending = None
+        self.client.lost(dead_rank)

@@ -15,6 +15,13 @@ tells the leader to stop and names the group, no snapshot is taken, and
 push that came before the bad one were applied already (each part is
 applied as it arrives); the run then stops without a checkpoint, so the last
 checkpoint is where to resume.
+
+With ``drop_lost=True`` (``--on-group-failure continue``) a group whose
+leader died (its receive fails with a ULFM error) or whose leader says
+``LOST`` is dropped (:meth:`RequestHandler.drop`): its pending push is
+discarded, its held reply too, and the staleness bound stops waiting for
+it. A push is then received whole before any part is applied, so a leader
+that dies in the middle of one leaves no half-applied gradient.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator
 from .compensation import Compensation
+from .failures import leader_lost
 from .lookahead import Lookahead
 from .replies import ReplySender
 from .staleness import GroupBook, HeldReply
@@ -60,6 +68,10 @@ class RequestHandler:
         checkpoints: The checkpoint coordination.
         advisor: Server 0's batch advice, or ``None``.
         request_len: Length of a request header.
+        drop_lost: Drop a group whose leader died or reported a lost
+            member, instead of failing (needs ULFM).
+        on_drop: ``f(group, dead_rank)`` after a group was dropped.
+        fault: ``f(version)`` after each update (a test's fault injection).
 
     Attributes:
         nonfinite: The group whose NaN or infinity halted this server
@@ -78,8 +90,12 @@ class RequestHandler:
         checkpoints: CheckpointCoordinator,
         advisor: BatchAdvisor | None,
         request_len: int,
+        drop_lost: bool = False,
+        on_drop=None,
+        fault=None,
     ) -> None:
         self.ps, self.server, self.store = ps, server, store
+        self.drop_lost, self.on_drop, self.fault = drop_lost, on_drop, fault
         self.compensation, self.book, self.lookahead = compensation, book, lookahead
         self.replies, self.checkpoints, self.advisor = replies, checkpoints, advisor
         self.schedule = checkpoints.schedule
@@ -99,9 +115,41 @@ class RequestHandler:
         self.inbox[g] = self.ps.Irecv(self.headers[g], g, P.HDR)
 
     def next_request(self) -> int | None:
-        """A leader whose request has arrived, or ``None``."""
-        index = MPI.Request.Testany(self.inbox)[0]
-        return None if index == MPI.UNDEFINED else index
+        """A leader whose request has arrived, or ``None``.
+
+        Raises:
+            LeaderLost: (``drop_lost``) a leader's receive failed: it died.
+        """
+        if not self.drop_lost:
+            index = MPI.Request.Testany(self.inbox)[0]
+            return None if index == MPI.UNDEFINED else index
+        # one test per leader: a failed request must name its leader
+        for g, req in enumerate(self.inbox):
+            if req == MPI.REQUEST_NULL:
+                continue
+            try:
+                if req.Test():
+                    return g
+            except MPI.Exception as exc:
+                self._lost(g, exc)
+        return None
+
+    def _lost(self, g: int, exc: MPI.Exception) -> None:
+        """Turn a ULFM error on leader ``g``'s traffic into :class:`LeaderLost`."""
+        if not self.drop_lost:
+            raise exc
+        raise leader_lost(self.ps, g, exc) from exc
+
+    def drop(self, g: int, dead_rank: int) -> None:
+        """Drop group ``g``: nothing more is received from or sent to it."""
+        self.inbox[g] = MPI.REQUEST_NULL
+        self.replies.drop(g)
+        if self.book.drop(g, time.perf_counter(), dead_rank):
+            self.schedule.paused.pop(g, None)
+            if self.on_drop is not None:
+                self.on_drop(g, dead_rank)
+        if self.server == 0:
+            self.release_held()
 
     def handle(self, g: int) -> None:
         """Act on leader ``g``'s request (it has arrived).
@@ -121,6 +169,8 @@ class RequestHandler:
             # nothing more from g until the snapshot
             self.schedule.pause(g, request.arg)
             self.inbox[g] = MPI.REQUEST_NULL
+        elif request.kind == P.LOST and self.drop_lost:
+            self.drop(g, request.arg)
         elif request.kind == P.DONE:
             if request.flags & P.FLAG_NONFINITE:
                 self.halt(request.arg)
@@ -153,6 +203,12 @@ class RequestHandler:
         if store.buffers is not None:
             incoming = torch.empty_like(store.buffers)
             grads.append(ps.Irecv(incoming, g, P.BUF))
+        if self.drop_lost:
+            # whole before applied: a leader that dies mid-push leaves nothing
+            try:
+                ps.wait(list(grads), f"gradient from leader {g}")
+            except MPI.Exception as exc:
+                self._lost(g, exc)
         self.replies.before_update()
         store.version += 1
         self.book.record(g, staleness)
@@ -185,6 +241,8 @@ class RequestHandler:
             if not hold:
                 reqs.append(self.replies.buffers(g))
         self.replies.track(g, reqs)
+        if self.fault is not None:
+            self.fault(store.version)
         self.apply_seconds += applied
         if len(self.apply_times) < _MAX_APPLY_TIMES:
             self.apply_times.append(applied)

@@ -11,11 +11,13 @@ group)::
     [kind, arg, samples, flags, seconds_per_sample, reserved, lr of each group...]
 
 ``arg`` is the version the gradient was computed from (``PUSH``), the
-checkpoint number (``CKPT``), or with :data:`FLAG_NONFINITE` the group whose
-loss or gradient was not finite (``DONE``); ``flags`` holds
-:data:`FLAG_STOP` (the group asks every group to stop, e.g. after SIGTERM)
-and :data:`FLAG_NONFINITE`; ``seconds_per_sample`` is the group's measured
-compute time per sample (adaptive batching).
+checkpoint number (``CKPT``), the world rank found dead (``LOST``: the
+leader's group lost a member and leaves; ``--on-group-failure continue``),
+or with :data:`FLAG_NONFINITE` the group whose loss or gradient was not
+finite (``DONE``); ``flags`` holds :data:`FLAG_STOP` (the group asks every
+group to stop, e.g. after SIGTERM) and :data:`FLAG_NONFINITE`;
+``seconds_per_sample`` is the group's measured compute time per sample
+(adaptive batching).
 
 Reply header, server -> leader (float64, :data:`REPLY_LEN`)::
 
@@ -45,6 +47,7 @@ __all__ = [
     "GRAD",
     "HDR",
     "INIT",
+    "LOST",
     "PULL",
     "PUSH",
     "REPLY_BUF",
@@ -60,7 +63,7 @@ __all__ = [
 ]
 
 # message kinds (a request's first field)
-PUSH, PULL, DONE, CKPT = 1.0, 2.0, 3.0, 4.0
+PUSH, PULL, DONE, CKPT, LOST = 1.0, 2.0, 3.0, 4.0, 5.0
 # tags
 INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101, 110)
 # fixed fields of a request header, before the learning rates
@@ -86,9 +89,11 @@ class Request:
     """A leader's request header (see the module docstring for the layout).
 
     Attributes:
-        kind: :data:`PUSH`, :data:`PULL`, :data:`DONE` or :data:`CKPT`.
+        kind: :data:`PUSH`, :data:`PULL`, :data:`DONE`, :data:`CKPT` or
+            :data:`LOST`.
         arg: ``PUSH``: the version the gradient came from; ``CKPT``: the
-            checkpoint number.
+            checkpoint number; ``LOST``: the world rank found dead (-1:
+            unknown).
         samples: Samples in the pushed gradient.
         flags: Bit field (:data:`FLAG_STOP`).
         seconds_per_sample: The group's compute time per sample (0: none).

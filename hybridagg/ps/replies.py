@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..comm import Comm, alloc
 from . import protocol as P
+from .failures import leader_lost
 from .lookahead import Lookahead
 from .store import ShardStore
 
@@ -31,12 +32,20 @@ class ReplySender:
         num_groups: Number of groups ``G``.
         store: The server's shard.
         lookahead: Decides which replies to a push are predictions.
+        drop_lost: A failed reply raises
+            :class:`~hybridagg.ps.failures.LeaderLost` (the group is then
+            dropped) instead of the MPI error.
     """
 
     def __init__(
-        self, ps: Comm, num_groups: int, store: ShardStore, lookahead: Lookahead
+        self,
+        ps: Comm,
+        num_groups: int,
+        store: ShardStore,
+        lookahead: Lookahead,
+        drop_lost: bool = False,
     ) -> None:
-        self.ps, self.num_groups = ps, num_groups
+        self.ps, self.num_groups, self.drop_lost = ps, num_groups, drop_lost
         self.store, self.lookahead = store, lookahead
         self.headers = [
             np.zeros(P.REPLY_LEN, dtype=np.float64) for _ in range(num_groups)
@@ -49,7 +58,7 @@ class ReplySender:
 
     def header(self, g: int, reply: P.Reply) -> MPI.Request:
         """Post the reply header to ``g``, once its previous reply has completed."""
-        self.ps.wait(self.in_flight[g], f"previous reply to leader {g}")
+        self._complete(g, f"previous reply to leader {g}")
         return self.ps.Isend(reply.encode_into(self.headers[g]), g, P.REPLY_HDR)
 
     def weights(self, g: int, part: int, predict: bool) -> MPI.Request:
@@ -80,12 +89,30 @@ class ReplySender:
     def before_update(self) -> None:
         """Complete a reply sent from the shard itself before the shard changes."""
         if self.num_groups == 1:
-            self.ps.wait(self.in_flight[0], "reply in flight")
+            self._complete(0, "reply in flight")
 
     def wait_all(self) -> None:
-        """Complete every reply (at the end)."""
+        """Complete every reply (at the end); replies to dropped groups are forgotten."""
         for g in range(self.num_groups):
-            self.ps.wait(self.in_flight[g], f"last reply to leader {g}")
+            self._complete(g, f"last reply to leader {g}")
+
+    def drop(self, g: int) -> None:
+        """Forget the replies to ``g`` (its group was dropped: nobody receives them).
+
+        Their requests are left to MPI: to a dead leader they fail, to a
+        live one that left they are small and complete on their own.
+        """
+        self.in_flight[g] = []
+
+    def _complete(self, g: int, what: str) -> None:
+        try:
+            self.ps.wait(self.in_flight[g], what)
+        except MPI.Exception as exc:
+            if not self.drop_lost:
+                raise
+            lost = leader_lost(self.ps, g, exc)
+            self.in_flight[g] = []
+            raise lost from exc
 
     def _source(
         self,

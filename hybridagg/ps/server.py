@@ -18,6 +18,11 @@ tags are in :mod:`hybridagg.ps.protocol`.
   (:mod:`hybridagg.ps.checkpoints`).
 * ``DONE``: that leader finished. When every leader is done, the servers
   send their shards (``FINAL``) to leader 0 and return.
+* ``LOST`` (``--on-group-failure continue``): a member of the leader's group
+  died; the group is dropped (as when the leader itself dies, which the
+  server sees as a failed receive). When every group is done or dropped,
+  the servers send their shards to the leader ``final_to`` names (after
+  the survivors agreed on who is left).
 
 The parts of a server, one module each: the shard and its updates
 (:mod:`~hybridagg.ps.store`, :mod:`~hybridagg.ps.lookahead`), the requests
@@ -42,10 +47,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..comm.ulfm import failed_world_ranks
 from ..runtime import envvars
+from ..runtime.outcomes import PeerFailure
 from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator, CheckpointSchedule
+from .failures import LeaderLost
 from .handler import RequestHandler
 from .lookahead import Lookahead
 from .replies import ReplySender
@@ -58,6 +66,11 @@ __all__ = ["ServerStats", "serve", "server_max_sleep"]
 # the loop's event for "every running leader reached a checkpoint"
 _SNAPSHOT = -1
 
+
+_FAILURE_CHECK_S = 0.05
+"""Seconds between a tolerant server's checks of which peers died (a dead
+server ends the job; a dead leader whose receive is not posted, e.g. one
+paused for a checkpoint, is dropped)."""
 
 _LONG_SILENCE_S = 0.064
 """Seconds without a message after which the server's short back-off cap
@@ -102,6 +115,8 @@ class ServerStats:
             ``(version, old, new, seconds_per_sample)``.
         nonfinite: The group whose NaN or infinity halted the server
             (``None``: none); the run must then end as non-finite.
+        lost_groups: Groups dropped after a rank died: group -> (the
+            ``time.perf_counter()`` when dropped, the world rank found dead).
     """
 
     server: int
@@ -116,6 +131,7 @@ class ServerStats:
     apply_times: list[float] = field(default_factory=list)
     batch_decisions: list = field(default_factory=list)
     nonfinite: int | None = None
+    lost_groups: dict = field(default_factory=dict)
 
 
 class _Server:
@@ -139,8 +155,15 @@ class _Server:
         stop_requested: Callable[[], bool] | None,
         restore: dict | None,
         on_batch: Callable[[int, object], None] | None = None,
+        drop_lost: bool = False,
+        on_drop: Callable[[int, int], None] | None = None,
+        poll: Callable[[], object] | None = None,
+        fault: Callable[[int], None] | None = None,
     ) -> None:
         self.ps = ps = topology.comms.leaders.dup("ps")
+        self.drop_lost, self.poll = drop_lost, poll
+        self.server_ranks = set(topology.servers)
+        self._next_check = 0.0
         self.num_groups = groups = topology.num_groups
         self.server = ps.rank - groups
         spec: ServerSpec = ps.recv(
@@ -179,7 +202,7 @@ class _Server:
             if spec.batching is not None and lead
             else None
         )
-        self.replies = ReplySender(ps, groups, store, lookahead)
+        self.replies = ReplySender(ps, groups, store, lookahead, drop_lost)
         self.handler = RequestHandler(
             ps,
             self.server,
@@ -191,16 +214,25 @@ class _Server:
             self.checkpoints,
             self.advisor,
             P.request_len(len(spec.hyper)),
+            drop_lost=drop_lost,
+            on_drop=on_drop,
+            fault=fault,
         )
         self.busy_seconds = 0.0
 
-    def run(self) -> ServerStats:
-        """Serve until every leader is done, then shut down."""
+    def run(
+        self, final_to: Callable[[ServerStats], int | None] | None = None
+    ) -> ServerStats:
+        """Serve until every leader is done (or dropped), then shut down."""
         handler, book = self.handler, self.book
         lead = self.server == 0
         box: dict[str, int] = {}
 
         def event() -> bool:
+            if self.poll is not None:
+                self.poll()
+            if self.drop_lost:
+                self._check_failures()
             if lead:
                 if self.checkpoints.stop_asked():
                     handler.stop()
@@ -208,7 +240,7 @@ class _Server:
             if self.schedule.ready(self.num_groups, book.done):
                 box["event"] = _SNAPSHOT
                 return True
-            g = handler.next_request()
+            g = self._next()
             if g is not None:
                 box["event"] = g
                 return True
@@ -224,17 +256,63 @@ class _Server:
             )
             start = time.perf_counter()
             what = box.pop("event", None)
-            if what == _SNAPSHOT:
-                handler.snapshot()
-            elif what is not None:
-                handler.handle(what)
+            try:
+                if what == _SNAPSHOT:
+                    handler.snapshot()
+                elif what is not None:
+                    handler.handle(what)
+            except LeaderLost as lost:  # (only with drop_lost)
+                handler.drop(lost.group, lost.rank)
             self.busy_seconds += time.perf_counter() - start
-        return self.finish()
+        return self.finish(final_to)
 
-    def finish(self) -> ServerStats:
-        """Complete the replies, take the last checkpoint, send the shard to leader 0."""
+    def _next(self) -> int | None:
+        """One test of the inbox (``drop_lost``: a dead leader's group is dropped)."""
+        try:
+            return self.handler.next_request()
+        except LeaderLost as lost:
+            self.handler.drop(lost.group, lost.rank)
+            return None
+
+    def _check_failures(self) -> None:
+        """``drop_lost``: end on a dead server; drop the group of a dead leader.
+
+        Raises:
+            PeerFailure: A parameter server died (its shard is gone).
+        """
+        now = time.perf_counter()
+        if now < self._next_check:
+            return
+        self._next_check = now + _FAILURE_CHECK_S
+        dead = failed_world_ranks(self.ps.mpi)
+        servers = sorted(self.server_ranks.intersection(dead))
+        if servers:
+            names = ", ".join(str(r) for r in servers)
+            raise PeerFailure(
+                f"parameter server rank {names} died; its shard of the model is "
+                "lost, so the job cannot go on (resume from the last checkpoint)",
+                tuple(servers),
+            )
+        for g in range(self.num_groups):
+            if g not in self.book.done and self.ps.world_rank_of(g) in dead:
+                self.handler.drop(g, self.ps.world_rank_of(g))
+
+    def finish(
+        self, final_to: Callable[[ServerStats], int | None] | None = None
+    ) -> ServerStats:
+        """Complete the replies, take the last checkpoint, send the shard to a leader.
+
+        Args:
+            final_to: ``f(stats)`` returns the group whose leader receives the
+                final shards (``None``: nobody); default: leader 0.
+        """
         ps, store, schedule = self.ps, self.store, self.schedule
-        self.replies.wait_all()
+        while True:
+            try:
+                self.replies.wait_all()
+                break
+            except LeaderLost as lost:  # (only with drop_lost)
+                self.handler.drop(lost.group, lost.rank)
         halted = self.handler.nonfinite is not None
         if schedule.enabled and store.version != schedule.saved_version and not halted:
             # every server processed the same pushes and CKPTs, so all agree
@@ -244,18 +322,24 @@ class _Server:
             self.handler.snapshot()
         self.checkpoints.wait_for_commits()
         self.checkpoints.cancel_reports()
-        final = [
-            ps.Isend(np.array([store.version], dtype=np.float64), 0, P.FINAL),
-            *(ps.Isend(store.flat[a:b], 0, P.FINAL) for a, b in store.parts),
-        ]
-        if store.buffers is not None:
-            final.append(ps.Isend(store.buffers, 0, P.FINAL))
-        ps.wait(final, "final weights to rank 0")
+        stats = self._stats()
+        dest = 0 if final_to is None else final_to(stats)
+        if dest is not None:
+            final = [
+                ps.Isend(np.array([store.version], dtype=np.float64), dest, P.FINAL),
+                *(ps.Isend(store.flat[a:b], dest, P.FINAL) for a, b in store.parts),
+            ]
+            if store.buffers is not None:
+                final.append(ps.Isend(store.buffers, dest, P.FINAL))
+            ps.wait(final, f"final weights to leader {dest}")
         self.checkpoints.wait_cancelled()
         ps.free()
+        return stats
+
+    def _stats(self) -> ServerStats:
         return ServerStats(
             server=self.server,
-            version=store.version,
+            version=self.store.version,
             updates_per_leader=list(self.book.updates),
             pulls=self.handler.pulls,
             held=self.book.held_count,
@@ -266,6 +350,7 @@ class _Server:
             apply_times=self.handler.apply_times,
             batch_decisions=[] if self.advisor is None else self.advisor.decisions,
             nonfinite=self.handler.nonfinite,
+            lost_groups=dict(self.book.lost),
         )
 
 
@@ -280,6 +365,11 @@ def serve(
     restore: dict | None = None,
     on_ready: Callable[[], None] | None = None,
     on_batch: Callable[[int, object], None] | None = None,
+    drop_lost: bool = False,
+    on_drop: Callable[[int, int], None] | None = None,
+    poll: Callable[[], object] | None = None,
+    final_to: Callable[[ServerStats], int | None] | None = None,
+    fault: Callable[[int], None] | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -300,6 +390,16 @@ def serve(
             (the training driver starts its clock there).
         on_batch: Server 0 with adaptive batching: ``f(version, decision)``
             for every change of the groups' batch sizes.
+        drop_lost: ``--on-group-failure continue`` (needs ULFM): a group
+            whose leader died or reported ``LOST`` is dropped (its pending
+            push discarded, the staleness bound no longer waits for it) and
+            the others go on; a dead server raises :class:`PeerFailure`.
+        on_drop: ``f(group, dead_world_rank)`` when a group is dropped.
+        poll: Called whenever the server tests for the next message (a
+            service of its own, e.g. the chunk counter).
+        final_to: At the end, ``f(stats)`` returns the group whose leader
+            receives the final shards (``None``: nobody); default leader 0.
+        fault: ``f(version)`` after every update (tests' fault injection).
 
     Returns:
         This server's statistics.
@@ -320,7 +420,11 @@ def serve(
         stop_requested,
         restore,
         on_batch,
+        drop_lost,
+        on_drop,
+        poll,
+        fault,
     )
     if on_ready is not None:
         on_ready()
-    return server.run()
+    return server.run(final_to)

@@ -9,6 +9,10 @@ is a group's own updates; while one gradient is in flight the other
 version staleness an update sees is at most about ``(G - 1)(s + 1)``. While
 a checkpoint is pending no reply is held (the held group must reach the
 snapshot), so around a checkpoint a group may get one update further ahead.
+
+A group dropped after one of its ranks died (``--on-group-failure
+continue``, :meth:`GroupBook.drop`) counts as finished: the bound stops
+waiting for it, and a reply held for it is discarded.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ class GroupBook:
 
     Attributes:
         updates: Updates applied for each group.
-        done: Groups whose leader has finished.
+        done: Groups whose leader has finished, or that were dropped.
+        lost: Groups dropped after a rank died: the time each was dropped
+            and the world rank found dead (-1: unknown).
         held: Replies held back, by group.
         held_count: Replies held back so far.
         max_staleness: Largest staleness of an update so far.
@@ -51,6 +57,7 @@ class GroupBook:
         self.bound = bound
         self.updates = [0] * num_groups if updates is None else list(updates)
         self.done: set[int] = set()
+        self.lost: dict[int, tuple[float, int]] = {}
         self.held: dict[int, HeldReply] = {}
         self.held_count = 0
         self.max_staleness = 0
@@ -68,6 +75,28 @@ class GroupBook:
     def finish(self, group: int) -> None:
         """``group``'s leader is done."""
         self.done.add(group)
+
+    def drop(self, group: int, when: float, dead_rank: int = -1) -> bool:
+        """Drop ``group`` (one of its ranks died): it counts as done from now on.
+
+        Its held reply, if any, is discarded (nobody will receive it), and
+        the staleness bound no longer waits for it.
+
+        Args:
+            group: The group.
+            when: When it was dropped (the caller's clock).
+            dead_rank: The world rank found dead (-1: unknown).
+
+        Returns:
+            Whether the group was running (a second drop, or a drop of a
+            group that finished, changes nothing).
+        """
+        if group in self.done:
+            return False
+        self.done.add(group)
+        self.lost[group] = (float(when), int(dead_rank))
+        self.held.pop(group, None)
+        return True
 
     def too_far_ahead(self, group: int, checkpoint_pending: bool = False) -> bool:
         """Whether ``group`` is more than the bound ahead of the slowest running group.

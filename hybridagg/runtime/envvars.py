@@ -91,6 +91,26 @@ _DECLARED = [
         positive=True,
     ),
     EnvVar(
+        "HYBRIDAGG_SURVIVOR_WAIT",
+        "86400",
+        "With --on-group-failure continue: seconds the surviving ranks of a "
+        "dropped group wait for the rest of the job to end (they exit with the "
+        "others: a rank that leaves early with a non-zero code makes Open MPI's "
+        "launcher end the job).",
+        kind="float",
+        positive=True,
+    ),
+    EnvVar(
+        "HYBRIDAGG_EXIT_CODES",
+        "0",
+        "With --on-group-failure continue: 1 makes each rank's process exit with "
+        "its status code (4 finished with losses, 5 aborted, 6 group lost); by "
+        "default it exits 0 and its final status line says the code, because "
+        "Open MPI 5's launcher under --with-ft ulfm can hang when a rank exits "
+        "non-zero.",
+        kind="bool",
+    ),
+    EnvVar(
         "HYBRIDAGG_POLL_SPIN_US",
         "100",
         "Microseconds a wait spins on MPI_Test before it starts sleeping.",
@@ -238,8 +258,9 @@ _DECLARED = [
         None,
         "Fault injection for tests, one of: 'checkpoint:N:R' makes "
         "rank R exit in the middle of writing its part of checkpoint N; "
-        "'kill:N:R' makes worker rank R kill itself (SIGKILL) at its step N; "
-        "'stop:N:R' makes it stop (SIGSTOP: alive but stuck) at step N; "
+        "'kill:N:R' makes rank R kill itself (SIGKILL) at its step N (a "
+        "worker) or its update N (a server); "
+        "'stop:N:R' makes worker R stop (SIGSTOP: alive but stuck) at step N; "
         "'slow-validation:S' makes each of rank 0's validations last S "
         "seconds longer.",
         "tests",

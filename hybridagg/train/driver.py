@@ -25,23 +25,37 @@ from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer
+from .chunks import ChunkService, check_fault_tolerance
 from .config import TrainConfig
 from .resume import start_run
 from .server_role import ServerRole
+from .survival import RankStatus
 from .worker import WorkerRole
 
-__all__ = ["train"]
+__all__ = ["run", "train"]
 
 
 def train(cfg: TrainConfig, comm=None) -> dict | None:
     """Run one training job (collective over ``comm``, default ``COMM_WORLD``).
 
     Returns:
-        The run's summary on rank 0, ``None`` elsewhere.
+        The run's summary on rank 0 (with ``--on-group-failure continue``: on
+        the rank that wrote it), ``None`` elsewhere.
 
     Raises:
         ValueError, TypeError, FileNotFoundError: A bad option, data file or
             checkpoint; the same error on every rank.
+    """
+    return run(cfg, comm)[0]
+
+
+def run(cfg: TrainConfig, comm=None) -> tuple[dict | None, RankStatus | None]:
+    """:func:`train`, also returning this rank's status.
+
+    Returns:
+        The summary (or ``None``) and, with ``--on-group-failure continue``,
+        this rank's :class:`~hybridagg.train.survival.RankStatus` (its exit
+        code and why); ``None`` otherwise.
     """
     stop = stop_flag()
     topo = init(
@@ -54,6 +68,11 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     except ValueError as exc:
         err = exc
     topo.comms.world.check(err, what="the heartbeat's settings")
+    if cfg.survives_group_loss:
+        # ULFM reports a dead rank (within a second) and the survivors go on:
+        # a heartbeat's verdict would end the job they are keeping alive, and
+        # its ring would break at the first death
+        return _run(cfg, topo, stop)
     heartbeat = Heartbeat(
         topo.comms.world.mpi,
         describe=topo.describe_rank,
@@ -69,7 +88,9 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     return result
 
 
-def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
+def _run(
+    cfg: TrainConfig, topo: Topology, stop
+) -> tuple[dict | None, RankStatus | None]:
     world = topo.comms.world
     err = None
     try:
@@ -77,6 +98,8 @@ def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
     except ValueError as exc:
         err = exc
     world.check(err, what="--slowdown")
+    if cfg.survives_group_loss:
+        check_fault_tolerance(world)  # after MPI init: the same verdict everywhere
     start = start_run(cfg, topo)
     ck = None
     if cfg.checkpoint:
@@ -89,6 +112,10 @@ def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
         if world.rank == 0:
             with solo("removing a killed run's checkpoint parts"):
                 ck.remove_stale()
+    chunks = ChunkService.build(topo) if cfg.survives_group_loss else None
     if topo.is_server:
-        return ServerRole(cfg, topo, start, ck, stop).run()
-    return WorkerRole(cfg, topo, start, ck, stop).run()
+        role = ServerRole(cfg, topo, start, ck, stop, chunks)
+    else:
+        role = WorkerRole(cfg, topo, start, ck, stop, chunks)
+    summary = role.run()
+    return summary, role.status

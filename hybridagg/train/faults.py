@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..runtime import envvars
 
-__all__ = ["at_step", "parse_fault", "slow_validation"]
+__all__ = ["at_step", "kill_at", "parse_fault", "slow_validation"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
@@ -77,3 +77,17 @@ def slow_validation() -> None:
     fault = parse_fault(envvars.get_str("HYBRIDAGG_FAULT"))
     if fault is not None and fault[0] == "slow-validation":
         time.sleep(fault[1][0])
+
+
+def kill_at(rank: int, count: int) -> None:
+    """Injects ``kill:N:R`` where no step loop runs: SIGKILL if ``count == N``.
+
+    A server calls it with its version (its N-th update); workers use
+    :func:`at_step`.
+    """
+    fault = parse_fault(envvars.get_str("HYBRIDAGG_FAULT"))
+    if fault is None or fault[0] != "kill":
+        return
+    when, target = (int(v) for v in fault[1])
+    if (when, target) == (count, rank):
+        os.kill(os.getpid(), signal.SIGKILL)

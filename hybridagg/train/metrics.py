@@ -45,16 +45,32 @@ class MetricsWriter:
             self._fh = None
 
 
+def _read_part(part: Path) -> list[dict]:
+    """A part's records; a torn last line (its rank was killed mid-write) is left out."""
+    lines = [line for line in part.read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return records
+
+
 def merge_parts(path: str | os.PathLike, ranks: int) -> int:
-    """Merge every rank's part into ``path`` by time; returns the number of records."""
+    """Merge every rank's part into ``path`` by time; returns the number of records.
+
+    A rank that died leaves its part as far as it got (a torn last line is
+    left out).
+    """
     path = Path(path)
     records = []
     for rank in range(ranks):
         part = _part(path, rank)
         if not part.exists():
             continue
-        with open(part) as fh:
-            records += [json.loads(line) for line in fh if line.strip()]
+        records += _read_part(part)
     records.sort(key=lambda r: (r.get("t", 0.0), r.get("rank", 0)))
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:

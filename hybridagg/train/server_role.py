@@ -6,13 +6,17 @@ import threading
 import time
 
 from ..comm import solo
-from ..ps.server import serve, server_max_sleep
+from ..ps.server import ServerStats, serve, server_max_sleep
+from ..runtime.outcomes import PeerFailure
 from ..topology import Topology
 from .checkpoint import Checkpointer
+from .chunks import ChunkService
 from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
+from .faults import kill_at
 from .metrics import MetricsWriter
 from .resume import RunStart
+from .survival import FATAL, OK, Ending, RankStatus, end_of_run
 from .worker.role import raise_if_nonfinite
 
 __all__ = ["ServerRole"]
@@ -74,6 +78,16 @@ class _ServerEvents:
                 ),
             )
 
+    def on_drop(self, group: int, dead_rank: int) -> None:
+        """A group was dropped after one of its ranks died (``continue``)."""
+        self.metrics.write(
+            "group_lost",
+            t=time.perf_counter() - self.start,
+            group=group,
+            ranks=list(self.topo.groups[group]),
+            dead_rank=dead_rank,
+        )
+
     def on_batch(self, version: int, decision) -> None:
         """Server 0 resized the groups' batches."""
         self.metrics.write(
@@ -97,6 +111,11 @@ class ServerRole:
             this server's part is already loaded).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
+        chunks: ``--on-group-failure continue``: the chunk counter (server 0
+            holds it).
+
+    Attributes:
+        status: With ``continue``, how this rank ends (set by :meth:`run`).
     """
 
     def __init__(
@@ -106,9 +125,12 @@ class ServerRole:
         start: RunStart,
         ck: Checkpointer | None,
         stop: threading.Event,
+        chunks: ChunkService | None = None,
     ) -> None:
         self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
         self.stop = stop
+        self.chunks = chunks
+        self.status: RankStatus | None = None
 
     def run(self) -> None:
         """Serve until every group is done, then report (collective with the workers)."""
@@ -126,6 +148,8 @@ class ServerRole:
         warm_up_optimizer(cfg)
         events = _ServerEvents(cfg, topo, ck, metrics)
         first = topo.servers[0] == topo.rank
+        if self.chunks is not None:
+            return self._serve_surviving(events, ck, first, restore, metrics)
         stats = serve(
             topo,
             checkpoint_every=cfg.checkpoint_every,
@@ -154,4 +178,71 @@ class ServerRole:
         world.barrier(what="metrics written")
         topo.comms.free()
         raise_if_nonfinite(reports)  # (the same on every rank)
+        return None
+
+    # --- --on-group-failure continue ------------------------------------------
+    def _serve_surviving(
+        self,
+        events: _ServerEvents,
+        ck: Checkpointer | None,
+        first: bool,
+        restore: dict | None,
+        metrics: MetricsWriter,
+    ) -> None:
+        """Serve, dropping lost groups; then end with the other survivors."""
+        topo, chunks = self.topo, self.chunks
+        box: dict = {}
+
+        def report(stats: ServerStats) -> dict:
+            return {
+                "role": "server",
+                "version": stats.version,
+                "max_staleness": stats.max_staleness,
+                "busy_s": stats.busy_seconds,
+            }
+
+        def final_to(stats: ServerStats) -> int | None:
+            lost = {
+                g: (t - events.start, dead)
+                for g, (t, dead) in stats.lost_groups.items()
+            }
+            mine = Ending(
+                topo.rank, "server", OK, report=report(stats), lost_groups=lost
+            )
+            box["end"] = end_of_run(topo, mine, poll=chunks.poll)
+            box["mine"] = mine
+            verdict = box["end"][2]
+            if verdict.reporter is None:
+                return None
+            return topo.group_of(verdict.reporter)  # its leader's rank on ps
+
+        try:
+            serve(
+                topo,
+                checkpoint_every=self.cfg.checkpoint_every,
+                on_snapshot=events.on_snapshot if ck else None,
+                on_commit=events.on_commit if (ck and first) else None,
+                stop_requested=self.stop.is_set,
+                restore=restore,
+                on_ready=events.on_ready,
+                on_batch=events.on_batch,
+                drop_lost=True,
+                on_drop=events.on_drop,
+                poll=chunks.poll,
+                final_to=final_to,
+                fault=lambda version: kill_at(topo.rank, version),
+            )
+        except PeerFailure as exc:
+            if "end" in box:  # (a failure after the agreement: nothing to redo)
+                raise
+            mine = Ending(topo.rank, "server", FATAL, str(exc), exc.ranks)
+            box["end"] = end_of_run(topo, mine, poll=chunks.poll)
+            box["mine"] = mine
+        chunks.close()
+        metrics.close()
+        survivors, _, verdict = box["end"]
+        self.status = verdict.status_of(box["mine"])
+        survivors.barrier(what="metrics written")
+        survivors.barrier(what="end of the run")  # (the summary is written)
+        survivors.free()
         return None

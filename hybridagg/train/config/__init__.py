@@ -9,7 +9,7 @@ the flag's help (:mod:`.fields`).
 
 Each concern is a frozen dataclass of its own that checks its own fields:
 what to train (:mod:`.training`), how to aggregate (:mod:`.aggregation`),
-heterogeneity (:mod:`.heterogeneity`), measuring and saving
+what a dead rank does to the run (:mod:`.failures`), heterogeneity (:mod:`.heterogeneity`), measuring and saving
 (:mod:`.outputs`). :class:`TrainConfig` is all of them together
 (:data:`CONCERNS`, in the order of ``--help``) and adds the checks that span
 concerns. :mod:`.changes` compares a checkpoint's configuration with a
@@ -31,6 +31,7 @@ from .aggregation import (
     StalenessOptions,
     TopologyOptions,
 )
+from .failures import ON_GROUP_FAILURE, FailureOptions
 from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
 from .outputs import CheckpointOptions, EvaluationOptions, OutputOptions
@@ -45,6 +46,7 @@ from .training import (
 __all__ = [
     "ALLREDUCE_BACKENDS",
     "CONCERNS",
+    "ON_GROUP_FAILURE",
     "OPTIMIZERS",
     "AdaptiveOptions",
     "CheckpointOptions",
@@ -52,6 +54,7 @@ __all__ = [
     "EmulationOptions",
     "EvaluationOptions",
     "ExecutionOptions",
+    "FailureOptions",
     "LengthOptions",
     "ModelOptions",
     "OptimOptions",
@@ -74,6 +77,7 @@ class TrainConfig(
     EvaluationOptions,
     AdaptiveOptions,
     EmulationOptions,
+    FailureOptions,
     ExecutionOptions,
     StalenessOptions,
     TopologyOptions,
@@ -97,6 +101,18 @@ class TrainConfig(
         if self.mode == "sync" and (self.staleness_bound is not None or self.overlap):
             raise ValueError(
                 "--staleness-bound and --overlap need --mode hybrid or async"
+            )
+        if self.survives_group_loss and self.mode == "sync":
+            raise ValueError(
+                "--on-group-failure continue needs --mode hybrid or async: in sync "
+                "mode every worker is in the one all-reduce, so no group can be "
+                "dropped"
+            )
+        if self.survives_group_loss and self.adaptive_groups:
+            raise ValueError(
+                "--on-group-failure continue does not combine with "
+                "--adaptive-groups (workers move between groups through "
+                "collectives over every worker)"
             )
         if self.adaptive_groups and not (self.adaptive_batch and self.mode == "hybrid"):
             raise ValueError(

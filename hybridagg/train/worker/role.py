@@ -29,12 +29,14 @@ from ...runtime.outcomes import NonFiniteError
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
 from ..checkpoint import Checkpointer
+from ..chunks import ChunkService
 from ..common import rng_state
 from ..config import TrainConfig
 from ..emulation import Pacer
 from ..faults import at_step
 from ..metrics import MetricsWriter, merge_parts
 from ..resume import RunStart
+from ..survival import RankStatus
 from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
 from .epochs import Epochs
@@ -43,6 +45,7 @@ from .report import publish, summarize
 from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
 from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
+from .surviving import SurvivingWorker
 from .validation import Validation
 
 __all__ = ["WorkerRole", "raise_if_nonfinite"]
@@ -88,6 +91,11 @@ class WorkerRole:
             this worker's parts are already loaded).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
+        chunks: ``--on-group-failure continue``: the chunk counter, served
+            by server 0 (:mod:`.surviving` then ends the run).
+
+    Attributes:
+        status: With ``continue``, how this rank ends (set by :meth:`run`).
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class WorkerRole:
         start: RunStart,
         ck: Checkpointer | None,
         stop: threading.Event,
+        chunks: ChunkService | None = None,
     ) -> None:
         self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
         self.resumed = start.resumed
@@ -108,14 +117,17 @@ class WorkerRole:
         """Why training stopped on a NaN or an infinity, naming the step."""
         self.nonfinite_own = False
         """Whether this worker's reduction found it (not told by the servers)."""
+        self.chunks = chunks
+        self.status: RankStatus | None = None
 
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
         cfg, topo, world = self.cfg, self.topo, self.world
         local = _agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
         self.model, self.optimizer = local.model, local.optimizer
+        counter = self.chunks.client if self.chunks is not None else None
         self.loader = _agreed(
-            world, "data", lambda: make_loader(cfg, topo, local, self.resumed)
+            world, "data", lambda: make_loader(cfg, topo, local, self.resumed, counter)
         )
         if local.part is None and not local.done_already:
             broadcast_parameters(self.model.state_dict(), 0, topo)
@@ -128,6 +140,8 @@ class WorkerRole:
             cfg, topo, self.opt, self.loader, self.metrics, start
         )
         self._wire(local, ck, start)
+        if self.chunks is not None:
+            return SurvivingWorker(self).run(local)
         if not local.done_already:
             self._train()
         self._finish()

@@ -82,9 +82,17 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
 
 
 def make_loader(
-    cfg: TrainConfig, topo: Topology, local: Local, resumed: Resumed | None
+    cfg: TrainConfig,
+    topo: Topology,
+    local: Local,
+    resumed: Resumed | None,
+    chunk_counter=None,
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
+
+    With ``chunk_counter`` (``--on-group-failure continue``) the dynamic
+    shares draw from it, and files are read independently (``posix``): an
+    MPI-IO file is closed collectively, which a dead worker would block.
 
     Raises:
         ValueError, TypeError, OSError: A bad data file or loader state.
@@ -98,6 +106,11 @@ def make_loader(
         window_blocks=local.window_blocks,
         normalize=True,
         device=local.device,
+        **(
+            {"chunk_counter": chunk_counter, "driver": "posix"}
+            if chunk_counter is not None
+            else {}
+        ),
     )
     if local.part is not None:
         loader.load_state_dict(local.part["loader"])
@@ -138,4 +151,5 @@ def make_distributed_optimizer(
         max_updates=cfg.steps if cfg.mode != "sync" else None,
         overlap=cfg.overlap,
         server_batching=server_batching(cfg, topo),
+        fault_tolerant=cfg.survives_group_loss,
     )
