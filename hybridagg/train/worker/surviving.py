@@ -160,6 +160,7 @@ class SurvivingWorker:
             time_to_target_s=role.validation.first_target,
             final_accuracy=role.validation.final_accuracy,
             resumed_from=role.resume,
+            run_id=role.start.run_id,
         )
         expected = None
         if cfg.steps is None and role.resume is None:
