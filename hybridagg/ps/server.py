@@ -49,6 +49,7 @@ from .checkpoints import CheckpointCoordinator, CheckpointSchedule
 from .handler import RequestHandler
 from .lookahead import Lookahead
 from .replies import ReplySender
+from .reshard import ShardSource
 from .spec import ServerSpec
 from .staleness import GroupBook
 from .store import ShardStore
@@ -136,6 +137,7 @@ class _Server:
         stop_requested: Callable[[], bool] | None,
         restore: dict | None,
         on_batch: Callable[[int, object], None] | None = None,
+        reshard: ShardSource | None = None,
     ) -> None:
         self.ps = ps = topology.comms.leaders.dup("ps")
         self.num_groups = groups = topology.num_groups
@@ -144,6 +146,8 @@ class _Server:
             0, P.INIT, what="parameter-server start-up from rank 0"
         )
         self.store = store = ShardStore(spec)
+        if reshard is not None:
+            restore = reshard.restore(spec, store, groups)
         updates = None
         if restore is not None:
             store.load(restore["shard"])
@@ -275,6 +279,7 @@ def serve(
     restore: dict | None = None,
     on_ready: Callable[[], None] | None = None,
     on_batch: Callable[[int, object], None] | None = None,
+    reshard: ShardSource | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -291,6 +296,9 @@ def serve(
         stop_requested: Server 0: polled; true makes every group stop after
             a final checkpoint (e.g. set by a SIGTERM handler).
         restore: A ``state`` this server saved before: continue from it.
+        reshard: A checkpoint written by another number of servers: rebuild
+            this server's shard from the old parts it overlaps
+            (:mod:`hybridagg.ps.reshard`) and continue from it.
         on_ready: Called once the server holds its shard, before it serves
             (the training driver starts its clock there).
         on_batch: Server 0 with adaptive batching: ``f(version, decision)``
@@ -302,6 +310,8 @@ def serve(
     Raises:
         ValueError: This rank is not a server, or ``restore`` does not fit.
     """
+    if restore is not None and reshard is not None:
+        raise ValueError("serve() takes restore= or reshard=, not both")
     if not topology.is_server:
         raise ValueError(f"rank {topology.rank} is a worker, not a parameter server")
     if checkpoint_every is not None and checkpoint_every < 1:
@@ -315,6 +325,7 @@ def serve(
         stop_requested,
         restore,
         on_batch,
+        reshard,
     )
     if on_ready is not None:
         on_ready()

@@ -15,6 +15,7 @@ __all__ = [
     "make_optimizer",
     "manifest",
     "rng_state",
+    "seed_rng",
     "set_rng_state",
     "warm_up_optimizer",
 ]
@@ -33,9 +34,13 @@ def manifest(cfg: TrainConfig, topo: Topology, **extra) -> dict:
 
 
 def check_manifest(saved: dict, cfg: TrainConfig, topo: Topology, path: Path) -> None:
-    """Raise ``ValueError`` if a checkpoint was written by another kind of run."""
+    """Raise ``ValueError`` if a checkpoint was written by another kind of run.
+
+    The ranks, servers and groups may differ: :func:`.elastic.reshard_plan`
+    maps them.
+    """
     mine = manifest(cfg, topo)
-    for key in ("model", "mode", "world_size", "servers", "groups"):
+    for key in ("model", "mode"):
         if saved.get(key) != mine[key]:
             raise ValueError(
                 f"checkpoint {path} was written by a run with {key}={saved.get(key)!r}; "
@@ -50,6 +55,12 @@ def rng_state() -> dict:
             np.frombuffer(np.random.get_state()[1].tobytes(), dtype=np.uint8).copy()
         ),
     }
+
+
+def seed_rng(seed: int) -> None:
+    """Seed torch's and numpy's global generators (a worker without a saved state)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 def set_rng_state(state: dict) -> None:

@@ -6,7 +6,9 @@ share of the data, emulate their speed, step the
 :class:`~hybridagg.optimizer.DistributedOptimizer`, validate (rank 0),
 checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Errors in
 the set-up (a bad data file, a checkpoint of another model) become the same
-error on every rank before any training collective starts.
+error on every rank before any training collective starts. A checkpoint
+written with other ranks, servers or groups is resharded
+(:mod:`~hybridagg.train.elastic`).
 """
 
 from __future__ import annotations
@@ -18,27 +20,31 @@ from ..topology import Topology, init
 from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
 from .common import check_manifest
 from .config import TrainConfig
+from .elastic import Layout, ReshardPlan, reshard_plan
 from .server_role import ServerRole
 from .worker import WorkerRole
 
 __all__ = ["train"]
 
 
-def _find_resume(cfg: TrainConfig, topo: Topology) -> tuple[Path | None, dict | None]:
+def _find_resume(
+    cfg: TrainConfig, topo: Topology
+) -> tuple[Path | None, dict | None, ReshardPlan | None]:
     world = topo.comms.world
     err, found = None, None
     if cfg.resume and world.rank == 0:
         found = latest_checkpoint(cfg.checkpoint)
     found = world.bcast(None if found is None else str(found), 0, what="resume path")
-    manifest = None
+    manifest, plan = None, None
     if found is not None:
         try:
             manifest = read_manifest(Path(found))
             check_manifest(manifest, cfg, topo, Path(found))
+            plan = reshard_plan(manifest, Layout.of(topo), Path(found))
         except ValueError as exc:
             err = exc
     world.check(err, what="checkpoint to resume from")
-    return (Path(found) if found else None), manifest
+    return (Path(found) if found else None), manifest, plan
 
 
 def train(cfg: TrainConfig, comm=None) -> dict | None:
@@ -62,9 +68,9 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     except ValueError as exc:
         err = exc
     world.check(err, what="--slowdown")
-    resume, manifest = _find_resume(cfg, topo)
+    resume, manifest, plan = _find_resume(cfg, topo)
     if cfg.checkpoint and world.rank == 0:
         Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
     if topo.is_server:
-        return ServerRole(cfg, topo, resume, stop).run()
-    return WorkerRole(cfg, topo, resume, manifest, stop).run()
+        return ServerRole(cfg, topo, resume, stop, plan).run()
+    return WorkerRole(cfg, topo, resume, manifest, stop, plan).run()

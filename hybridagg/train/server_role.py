@@ -6,11 +6,13 @@ import threading
 import time
 from pathlib import Path
 
+from ..ps.reshard import ShardSource, group_state
 from ..ps.server import serve, server_max_sleep
 from ..topology import Topology
 from .checkpoint import Checkpointer, load_part
 from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
+from .elastic import ReshardPlan
 from .metrics import MetricsWriter
 
 __all__ = ["ServerRole"]
@@ -89,6 +91,7 @@ class ServerRole:
         topo: The topology.
         resume: The checkpoint to resume from (``None``: a fresh start).
         stop: The process's stop flag.
+        plan: How this run's ranks map to the checkpoint's (with ``resume``).
     """
 
     def __init__(
@@ -97,28 +100,57 @@ class ServerRole:
         topo: Topology,
         resume: Path | None,
         stop: threading.Event,
+        plan: ReshardPlan | None = None,
     ) -> None:
         self.cfg, self.topo, self.resume, self.stop = cfg, topo, resume, stop
+        self.plan = plan
 
-    def _restore(self) -> dict | None:
-        """This server's state in the checkpoint resumed from (``None``: fresh)."""
-        server_max_sleep()  # a bad value: the same error on every rank, here
-        if self.resume is None:
-            return None
-        part = load_part(self.resume, self.topo.rank)
-        if part is None:
+    def _old_part(self, server: int) -> dict:
+        """Old server ``server``'s saved state."""
+        rank = self.plan.old_server_rank(server)
+        part = load_part(self.resume, rank)
+        if part is None or "server" not in part:
             raise ValueError(
-                f"checkpoint {self.resume} has no part for server rank {self.topo.rank}"
+                f"checkpoint {self.resume} has no part for server rank {rank}"
             )
         return part["server"]
+
+    def _restore(self) -> tuple[dict | None, ShardSource | None]:
+        """This server's state in the checkpoint resumed from (``None``: fresh).
+
+        Returns:
+            ``(state, None)`` with the checkpoint's number of servers (server
+            ``s`` continues old server ``s``), ``(None, source)`` with another
+            (every server rebuilds its shard from the old parts it overlaps,
+            in :func:`~hybridagg.ps.server.serve`, which alone knows the
+            model's size), ``(None, None)`` for a fresh start.
+        """
+        server_max_sleep()  # a bad value: the same error on every rank, here
+        if self.resume is None:
+            return None, None
+        topo, plan = self.topo, self.plan
+        if plan.servers_changed:
+            # the parts are read later; a missing one fails here, on every rank
+            for s in range(plan.old.servers):
+                rank = plan.old_server_rank(s)
+                if not (self.resume / f"rank-{rank:05d}.pt").exists():
+                    raise ValueError(
+                        f"checkpoint {self.resume} has no part for server rank {rank}"
+                    )
+            return None, ShardSource(
+                plan.old.servers, self._old_part, plan.groups_changed
+            )
+        state = self._old_part(topo.servers.index(topo.rank))
+        state = {**state, **group_state(state, topo.num_groups, plan.groups_changed)}
+        return state, None
 
     def run(self) -> None:
         """Serve until every group is done, then report (collective with the workers)."""
         cfg, topo, world = self.cfg, self.topo, self.topo.comms.world
-        err, restore = None, None
+        err, restore, reshard = None, None, None
         ck = Checkpointer(cfg.checkpoint, topo.rank) if cfg.checkpoint else None
         try:
-            restore = self._restore()
+            restore, reshard = self._restore()
         except ValueError as exc:
             err = exc
         world.check(err, what="set-up")  # phase 1: models, checkpoints
@@ -134,6 +166,7 @@ class ServerRole:
             on_commit=events.on_commit if (ck and first) else None,
             stop_requested=self.stop.is_set,
             restore=restore,
+            reshard=reshard,
             on_ready=events.on_ready,
             on_batch=events.on_batch,
         )

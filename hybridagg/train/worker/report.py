@@ -23,6 +23,7 @@ def summarize(
     time_to_target_s: float | None,
     final_accuracy: float | None,
     resumed_from: Path | None,
+    resharded: dict | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
 
@@ -35,6 +36,8 @@ def summarize(
         time_to_target_s: Training seconds to ``--target-accuracy``.
         final_accuracy: The accuracy at the end.
         resumed_from: The checkpoint this run resumed from.
+        resharded: ``{"from": sizes, "to": sizes}`` when it was written with
+            other ranks, servers or groups (``None``: not resharded).
     """
     workers = [r for r in reports if r["role"] == "worker"]
     wall = max(r["wall_s"] for r in workers)
@@ -76,6 +79,7 @@ def summarize(
         "lookahead_horizon": cfg.lookahead_horizon,
         "seed": cfg.seed,
         "resumed_from": str(resumed_from) if resumed_from else None,
+        "resharded": resharded,
     }
 
 

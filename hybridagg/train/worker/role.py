@@ -23,6 +23,7 @@ from ..adaptive import AdaptiveBatches
 from ..checkpoint import Checkpointer
 from ..common import rng_state
 from ..config import TrainConfig
+from ..elastic import ReshardPlan
 from ..emulation import Pacer
 from ..metrics import MetricsWriter, merge_parts
 from .checkpoints import WorkerCheckpoints
@@ -60,6 +61,7 @@ class WorkerRole:
         resume: The checkpoint to resume from (``None``: a fresh start).
         manifest: Its manifest.
         stop: The process's stop flag.
+        plan: How this run's ranks map to the checkpoint's (with ``resume``).
     """
 
     def __init__(
@@ -69,9 +71,10 @@ class WorkerRole:
         resume: Path | None,
         manifest: dict | None,
         stop: threading.Event,
+        plan: ReshardPlan | None = None,
     ) -> None:
         self.cfg, self.topo, self.resume, self.manifest = cfg, topo, resume, manifest
-        self.stop = stop
+        self.stop, self.plan = stop, plan
         self.rank = topo.rank
         self.world = topo.comms.world
 
@@ -79,7 +82,9 @@ class WorkerRole:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
         cfg, topo, world = self.cfg, self.topo, self.world
         local = _agreed(
-            world, "set-up", lambda: set_up_local(cfg, topo, self.resume, self.manifest)
+            world,
+            "set-up",
+            lambda: set_up_local(cfg, topo, self.resume, self.manifest, self.plan),
         )
         self.model, self.optimizer = local.model, local.optimizer
         self.loader = _agreed(
@@ -96,6 +101,8 @@ class WorkerRole:
             cfg, topo, self.opt, self.loader, self.metrics, start
         )
         self._wire(local, ck, start)
+        if self.rank == 0 and self.resharded is not None:
+            self.metrics.write("reshard", t=0.0, **self.resharded)
         if not local.done_already:
             self._train()
         self._finish()
@@ -113,9 +120,11 @@ class WorkerRole:
             opt.updates = int(part.get("updates", 0))
         elif self.resume is not None and not local.done_already:
             opt.refresh_from_servers()
-        self.epochs = Epochs(
-            self.loader, cfg.max_epochs, int(part.get("epochs_done", 0))
-        )
+        done = int(part.get("epochs_done", 0))
+        if self.plan is not None and self.plan.workers_changed:
+            # the position was divided anew: every worker is in the loader's epoch
+            done = self.loader.epoch
+        self.epochs = Epochs(self.loader, cfg.max_epochs, done)
         self.log = StepLog(
             topo,
             sync=sync,
@@ -148,16 +157,27 @@ class WorkerRole:
             number=int(self.resume.name.split("-")[1]) if self.resume else 0,
         )
 
-    def _part_state(self) -> dict:
-        """This worker's state in a checkpoint part."""
-        return {
+    @property
+    def resharded(self) -> dict | None:
+        """The old and new sizes when this run resumed at another size, else ``None``."""
+        return None if self.plan is None else self.plan.record()
+
+    def _part_state(self, number: int) -> dict:
+        """This worker's state in its part of checkpoint ``number``."""
+        state = {
             "loader": self.loader.state_dict(),
             "rng": rng_state(),
             "step": self.log.steps,
             "epochs_done": self.epochs.done,
             "train_time_s": self.clock.train_time(),
             "time_to_target_s": self.validation.first_target,
+            # the sample order the saved position refers to
+            "window_blocks": self.loader.window_blocks,
         }
+        if self.loader.sample_log is not None:
+            # every batch logged before this line is in the saved position
+            self.loader.sample_log.mark(f"checkpoint {number}")
+        return state
 
     def _budget_spent(self) -> bool:
         cfg, opt = self.cfg, self.opt
@@ -227,6 +247,7 @@ class WorkerRole:
             time_to_target_s=self.validation.first_target,
             final_accuracy=self.validation.final_accuracy,
             resumed_from=self.resume,
+            resharded=self.resharded,
         )
         publish(cfg, summary)
         return summary

@@ -11,13 +11,16 @@ from ...data import HDF5Loader
 from ...data.loader import load_split_info
 from ...optimizer import DistributedOptimizer
 from ...ps.compensation import Compensation
+from ...runtime import envvars
 from ...topology import Topology
 from ..adaptive import server_batching
 from ..checkpoint import load_part
-from ..common import make_optimizer, set_rng_state
+from ..common import make_optimizer, seed_rng, set_rng_state
 from ..config import TrainConfig
+from ..elastic import ReshardPlan
 from ..evaluate import Evaluator
 from ..models import build_model
+from .resume import ResumedWorker, resumed_worker, window_blocks_for
 
 __all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
 
@@ -34,13 +37,19 @@ class Local:
     window_blocks: int
     """Blocks per loader window (the shuffle buffer and the dynamic chunk)."""
     part: dict | None = None
-    """This rank's part of the checkpoint resumed from."""
+    """This rank's part of the checkpoint resumed from (made for it if it had none)."""
     done_already: bool = False
     """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
+    resumed: ResumedWorker | None = None
+    """Where its data position comes from (a resumed run)."""
 
 
 def set_up_local(
-    cfg: TrainConfig, topo: Topology, resume: Path | None, manifest: dict | None
+    cfg: TrainConfig,
+    topo: Topology,
+    resume: Path | None,
+    manifest: dict | None,
+    plan: ReshardPlan | None = None,
 ) -> Local:
     """Build the model, its optimizer and (rank 0) the evaluator; load the resumed part.
 
@@ -49,22 +58,33 @@ def set_up_local(
     """
     torch.manual_seed(cfg.seed)
     info = load_split_info([cfg.data], "train")[0]
-    # windows (the shuffle buffer and the dynamic chunk) of up to 8 blocks,
-    # but at least 8 windows per worker and epoch so shares can balance
-    blocks = -(-info.length // info.block_samples)
-    window_blocks = max(1, min(8, blocks // (8 * topo.num_workers)))
+    resumed = None
+    if resume is not None:
+        resumed = resumed_worker(
+            resume,
+            manifest,
+            plan,
+            topo.rank,
+            sync=cfg.mode == "sync",
+            group=topo.group,
+            seed=cfg.seed,
+        )
+    window_blocks = window_blocks_for(info.length, info.block_samples, topo.num_workers)
+    if resumed is not None:
+        # the saved positions refer to the old run's sample order; a
+        # checkpoint that did not record it was written at its own size
+        window_blocks = resumed.window_blocks or window_blocks_for(
+            info.length, info.block_samples, plan.old.workers
+        )
     device = torch.device(cfg.device)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
     optimizer = make_optimizer(cfg, model)
     evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
-    local = Local(model, optimizer, device, evaluator, window_blocks)
-    if resume is None:
+    local = Local(model, optimizer, device, evaluator, window_blocks, resumed=resumed)
+    if resumed is None:
         return local
-    local.part = load_part(resume, topo.rank)
+    local.part = resumed.part
     if local.part is None:
-        done = manifest.get("done_groups", [])
-        if cfg.mode == "sync" or topo.group not in done:
-            raise ValueError(f"checkpoint {resume} has no part for rank {topo.rank}")
         local.done_already = True
         return local
     if cfg.mode == "sync":
@@ -72,11 +92,14 @@ def set_up_local(
         try:
             model.load_state_dict(first["model"])
             optimizer.load_state_dict(first["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as exc:
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"checkpoint {resume} does not fit model {cfg.model!r}: {exc}"
             ) from None
-    set_rng_state(local.part["rng"])
+    if "rng" in local.part:
+        set_rng_state(local.part["rng"])
+    else:
+        seed_rng(int(local.part["rng_seed"]))
     return local
 
 
@@ -84,6 +107,9 @@ def make_loader(
     cfg: TrainConfig, topo: Topology, local: Local, resume: Path | None
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
+
+    With ``HYBRIDAGG_SAMPLE_LOG`` set, it records the ids of the samples it
+    hands out (one file per worker in that folder).
 
     Raises:
         ValueError, TypeError, OSError: A bad data file or loader state.
@@ -98,20 +124,30 @@ def make_loader(
         normalize=True,
         device=local.device,
     )
-    if local.part is not None:
-        loader.load_state_dict(local.part["loader"])
-    elif cfg.mode != "sync" and resume is not None:
-        # a finished group still takes part in the collective resume
-        loader.load_state_dict(
-            {
-                "kind": "dynamic",
-                "epoch": 0,
-                "carry": [],
-                "taken": [],
-                "counter": None,
-                "n_windows": loader.windows_per_epoch,
-            }
+    log = envvars.get_str("HYBRIDAGG_SAMPLE_LOG")
+    if log:
+        loader.log_samples(Path(log) / f"rank-{topo.rank:05d}.log")
+    resumed = local.resumed
+    idle = {
+        "kind": "dynamic",
+        "epoch": 0,
+        "carry": [],
+        "taken": [],
+        "counter": None,
+        "n_windows": loader.windows_per_epoch,
+    }
+    if resumed is None:
+        return loader
+    if resumed.loader_states is not None:
+        # another number of workers: divide what no old worker consumed
+        loader.load_resharded_state(
+            [s if s is not None else idle for s in resumed.loader_states]
         )
+    elif resumed.loader_state is not None:
+        loader.load_state_dict(resumed.loader_state)
+    elif cfg.mode != "sync":
+        # a finished group still takes part in the collective resume
+        loader.load_state_dict(idle)
     return loader
 
 
