@@ -10,13 +10,14 @@ exactly once across the two runs.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from train_helpers import output, run_train, summary
 
 from hybridagg.data.position import (
     DynamicTrack,
@@ -25,7 +26,12 @@ from hybridagg.data.position import (
     snapshot,
 )
 from hybridagg.data.samplelog import read_sample_log
-from hybridagg.data.shares import LocalCounter, drop_prefix, reshard_static, split_static
+from hybridagg.data.shares import (
+    LocalCounter,
+    drop_prefix,
+    reshard_static,
+    split_static,
+)
 from hybridagg.ps.compensation import Compensation
 from hybridagg.ps.reshard import (
     ShardSource,
@@ -43,7 +49,6 @@ from hybridagg.train.elastic import (
     reshard_plan,
     worker_part,
 )
-from train_helpers import output, run_train, summary
 
 TRAIN_SAMPLES = 1438  # the digits fixture's training split
 
@@ -68,7 +73,7 @@ def test_every_new_shard_is_covered_once_by_old_ones(total):
                 shard_ranges(total, new), reshard_map(total, old, new), strict=True
             ):
                 assert pieces[0][1] == lo and pieces[-1][2] == hi
-                for (_, _, b), (_, a, _) in zip(pieces, pieces[1:]):
+                for (_, _, b), (_, a, _) in itertools.pairwise(pieces):
                     assert a == b  # contiguous, no overlap
                 olds = shard_ranges(total, old)
                 for s, a, b in pieces:
@@ -181,8 +186,16 @@ def test_a_per_piece_state_that_differs_between_old_servers_is_refused():
     reference, _ = _stores("adam", 2, part_elems=4)
     _push(reference, torch.ones(sum(_NUMELS)), [0.1, 0.05])
     _push(reference[1:], torch.ones(sum(_NUMELS)), [0.1, 0.05])  # server 1 only
-    saved = [{"checkpoint": 1, "version": 1, "updates_per_leader": [1], "done": [],
-              "shard": s.state()} for s in reference]
+    saved = [
+        {
+            "checkpoint": 1,
+            "version": 1,
+            "updates_per_leader": [1],
+            "done": [],
+            "shard": s.state(),
+        }
+        for s in reference
+    ]
     resumed, specs = _stores("adam", 1, part_elems=4)
     with pytest.raises(ValueError, match="'step' differs between the old pieces"):
         ShardSource(2, saved.__getitem__, False).restore(specs[0], resumed[0], 1)
@@ -261,8 +274,14 @@ def test_a_dynamic_position_is_dealt_to_new_workers_with_nothing_lost(seed, old,
     finished = rng.choice(idle) if old > 1 and idle and seed % 3 == 0 else None
     for w in rng.sample(range(old), old):
         if w == finished:  # its group had finished: it saved nothing
-            states[w] = {"kind": "dynamic", "epoch": 0, "carry": [], "taken": [],
-                         "counter": None, "n_windows": windows}
+            states[w] = {
+                "kind": "dynamic",
+                "epoch": 0,
+                "carry": [],
+                "taken": [],
+                "counter": None,
+                "n_windows": windows,
+            }
             for g, lo, hi in yielded[w]:
                 consumed_rows += [(0, g, r) for r in range(lo, hi)]
             continue
@@ -296,7 +315,9 @@ def test_a_dynamic_position_is_dealt_to_new_workers_with_nothing_lost(seed, old,
                 continue
             g, lo, hi = piece
             rows.update((e, g, r) for r in range(lo, hi))
-    everything = {(e, g, r) for e in (0, 1) for g in range(windows) for r in range(size)}
+    everything = {
+        (e, g, r) for e in (0, 1) for g in range(windows) for r in range(size)
+    }
     assert set(rows) == everything, sorted(everything - set(rows))[:5]
     assert max(rows.values()) == 1, [k for k, v in rows.items() if v > 1][:5]
 
@@ -314,8 +335,14 @@ def test_dynamic_states_of_another_window_cut_are_refused():
 
 # ------------------------------------------------------------ the plan
 def _manifest(world_size, servers, groups, number=3):
-    return {"world_size": world_size, "servers": servers, "groups": groups,
-            "number": number, "mode": "hybrid", "model": "mlp"}
+    return {
+        "world_size": world_size,
+        "servers": servers,
+        "groups": groups,
+        "number": number,
+        "mode": "hybrid",
+        "model": "mlp",
+    }
 
 
 def test_the_plan_maps_workers_and_servers_by_index():
@@ -328,12 +355,22 @@ def test_the_plan_maps_workers_and_servers_by_index():
     with pytest.raises(ValueError, match="1 servers, not a server 1"):
         plan.old_server_rank(1)
     assert plan.record() == {
-        "from": {"world_size": 5, "workers": 4, "servers": 1,
-                 "groups": [[0, 1], [2, 3]]},
-        "to": {"world_size": 8, "workers": 6, "servers": 2,
-               "groups": [[0, 1, 2], [3, 4, 5]]},
+        "from": {
+            "world_size": 5,
+            "workers": 4,
+            "servers": 1,
+            "groups": [[0, 1], [2, 3]],
+        },
+        "to": {
+            "world_size": 8,
+            "workers": 6,
+            "servers": 2,
+            "groups": [[0, 1, 2], [3, 4, 5]],
+        },
     }
-    same = reshard_plan(_manifest(5, 1, [[0, 1], [2, 3]]), Layout(5, 1, ((0, 1), (2, 3))))
+    same = reshard_plan(
+        _manifest(5, 1, [[0, 1], [2, 3]]), Layout(5, 1, ((0, 1), (2, 3)))
+    )
     assert not same.changed and same.record() is None
     more_servers = reshard_plan(
         _manifest(5, 1, [[0, 1], [2, 3]]), Layout(6, 2, ((0, 1), (2, 3)))
@@ -357,9 +394,15 @@ def test_a_plan_from_a_bad_or_unfitting_manifest_is_refused(manifest, match):
 
 def test_new_workers_get_the_counters_and_a_derived_rng():
     plan = reshard_plan(_manifest(3, 1, [[0, 1]]), Layout(5, 1, ((0, 1, 2, 3),)))
-    ref = {"rng": {"torch": torch.zeros(3)}, "loader": {}, "step": 7,
-           "epochs_done": 1, "train_time_s": 2.5, "time_to_target_s": None,
-           "window_blocks": 2}
+    ref = {
+        "rng": {"torch": torch.zeros(3)},
+        "loader": {},
+        "step": 7,
+        "epochs_done": 1,
+        "train_time_s": 2.5,
+        "time_to_target_s": None,
+        "window_blocks": 2,
+    }
     assert worker_part(plan, 1, ref, ref, seed=0) is ref
     made = worker_part(plan, 3, None, ref, seed=5)
     assert "rng" not in made and "loader" not in made
@@ -413,13 +456,24 @@ def _stop_and_resume(digits, tmp_path, before, after, first_args, then_args):
     assert first.returncode == 0, output(first)[-3000:]
     saved = latest_checkpoint(ck)
     manifest = read_manifest(saved)
-    s = tmp_path / "summary.json"
+    s, metrics = tmp_path / "summary.json", tmp_path / "metrics.jsonl"
     second = run_train(
         after,
-        [*common, "--resume", "--summary", str(s), *then_args],
+        [
+            *common,
+            "--resume",
+            "--summary",
+            str(s),
+            "--metrics",
+            str(metrics),
+            *then_args,
+        ],
         env={"HYBRIDAGG_SAMPLE_LOG": str(logs[1])},
     )
     assert second.returncode == 0, output(second)[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    (reshard,) = [r for r in records if r["event"] == "reshard"]
+    assert {k: reshard[k] for k in ("from", "to")} == summary(s)["resharded"]
     return (
         manifest,
         summary(s),
@@ -445,18 +499,44 @@ def test_hybrid_resumes_4_workers_and_1_server_as_6_workers_and_2_servers(
         tmp_path,
         5,
         8,
-        ["--mode", "hybrid", "--groups", "0-1,2-3", "--steps", "12",
-         "--checkpoint-every", "6"],
-        ["--mode", "hybrid", "--groups", "0-2,3-5", "--servers", "2",
-         "--steps", "1000", "--epochs", "1"],
+        [
+            "--mode",
+            "hybrid",
+            "--groups",
+            "0-1,2-3",
+            "--steps",
+            "12",
+            "--checkpoint-every",
+            "6",
+        ],
+        [
+            "--mode",
+            "hybrid",
+            "--groups",
+            "0-2,3-5",
+            "--servers",
+            "2",
+            "--steps",
+            "1000",
+            "--epochs",
+            "1",
+        ],
     )
     assert manifest["world_size"] == 5 and manifest["version"] >= 12
     _read_once(before, after, 0)
     assert s["resharded"] == {
-        "from": {"world_size": 5, "workers": 4, "servers": 1,
-                 "groups": [[0, 1], [2, 3]]},
-        "to": {"world_size": 8, "workers": 6, "servers": 2,
-               "groups": [[0, 1, 2], [3, 4, 5]]},
+        "from": {
+            "world_size": 5,
+            "workers": 4,
+            "servers": 1,
+            "groups": [[0, 1], [2, 3]],
+        },
+        "to": {
+            "world_size": 8,
+            "workers": 6,
+            "servers": 2,
+            "groups": [[0, 1, 2], [3, 4, 5]],
+        },
     }
     # the servers continued from the checkpoint's version, and the model
     # from its weights: one more part-epoch reaches well above chance (0.1)
@@ -494,13 +574,42 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
         tmp_path,
         4,
         4,
-        ["--mode", "async", "--servers", "1", "--steps", "15",
-         "--checkpoint-every", "15"],
+        [
+            "--mode",
+            "async",
+            "--servers",
+            "1",
+            "--steps",
+            "15",
+            "--checkpoint-every",
+            "15",
+        ],
         ["--mode", "async", "--servers", "2", "--steps", "1000", "--epochs", "1"],
     )
     assert manifest["servers"] == 1 and manifest["version"] >= 15
     _read_once(before, after, 0)
     assert s["resharded"]["to"] == {
-        "world_size": 4, "workers": 2, "servers": 2, "groups": [[0], [1]]
+        "world_size": 4,
+        "workers": 2,
+        "servers": 2,
+        "groups": [[0], [1]],
     }
     assert s["steps"] > manifest["version"] and s["final_accuracy"] > 0.5, s
+
+
+def test_a_sample_log_reads_back_batches_and_marks(tmp_path):
+    from hybridagg.data.samplelog import SampleLog
+
+    log = SampleLog(tmp_path / "sub" / "rank-00000.log")
+    log.record(0, torch.tensor([3, 1, 2]).numpy())
+    log.record(0, torch.tensor([], dtype=torch.int64).numpy())  # an empty batch
+    log.mark("checkpoint 1")
+    log.record(1, torch.tensor([7]).numpy())
+    log.close()
+    log.close()
+    entries = list(read_sample_log(tmp_path / "sub" / "rank-00000.log"))
+    assert [(e.epoch, e.ids, e.mark) for e in entries] == [
+        (0, (3, 1, 2), None),
+        (None, (), "checkpoint 1"),
+        (1, (7,), None),
+    ]
