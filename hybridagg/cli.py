@@ -15,10 +15,11 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "finite_float", "main"]
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -90,6 +91,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return int(result.returncode or 0)
 
 
+def finite_float(text: str) -> float:
+    """An argparse ``type=`` for a float flag: a finite number (not nan or inf).
+
+    Raises:
+        argparse.ArgumentTypeError: Not a finite number (argparse names the
+            flag and exits with code 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``hybridagg`` command."""
     parser = argparse.ArgumentParser(
@@ -101,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="show MPI, launcher and library versions")
     run = sub.add_parser("run", help="run a command as an MPI job on this machine")
     run.add_argument("-n", type=int, required=True, help="number of ranks")
-    run.add_argument("--timeout", type=float, default=3600.0, help="seconds")
+    run.add_argument("--timeout", type=finite_float, default=3600.0, help="seconds")
     run.add_argument("--dry-run", action="store_true", help="print the command")
     run.add_argument(
         "--no-oversubscribe", action="store_true", help="refuse more ranks than cores"
@@ -128,6 +145,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "block_samples": args.block_samples,
         "progress": not args.quiet,
+        "allow_nonfinite": args.allow_nonfinite,
     }
     src = args.source
     try:
@@ -183,7 +201,7 @@ def _add_convert_parser(sub) -> None:
     )
     conv.add_argument("inputs", nargs="*", help="input file(s) for npz/npy")
     conv.add_argument("--out", required=True, help="output .h5 file")
-    conv.add_argument("--val-fraction", type=float, default=0.2)
+    conv.add_argument("--val-fraction", type=finite_float, default=0.2)
     conv.add_argument("--seed", type=int, default=0)
     conv.add_argument(
         "--block-samples",
@@ -208,6 +226,12 @@ def _add_convert_parser(sub) -> None:
     conv.add_argument("--shape", default="3,32,32", help="synthetic: sample shape")
     conv.add_argument("--dtype", default="uint8", choices=["uint8", "float32"])
     conv.add_argument("--quiet", action="store_true", help="no progress bar")
+    conv.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep samples holding NaN or inf (refused by default, naming the "
+        "first: training on them stops with exit code 3)",
+    )
 
 
 _COMMANDS = {"env": _cmd_env, "info": _cmd_info, "run": _cmd_run}
@@ -230,10 +254,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .runtime.signals import stop_flag
 
     stop_flag()  # before torch's import: a batch system's early warning is kept
+    from .runtime import envvars
     from .train.flags import config_from_args
 
     try:
         cfg = config_from_args(args)
+        envvars.check_all()
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
         if _launch_rank() == 0:
             print(f"hybridagg train: error: {exc}", file=sys.stderr)
@@ -242,11 +268,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
             # rank 0 (maybe started later) the time to print the message.
             time.sleep(_ERROR_GRACE_S)
         return 2
-    from .comm import RemoteError
+    from .comm import CommTimeoutError, RemoteError
+    from .runtime.outcomes import ExitCode, NonFiniteError
     from .train import train
 
     try:
         train(cfg)
+    except NonFiniteError as exc:  # raised on every rank, after a clean wind-down
+        _stopped_together(str(exc))
+        return int(ExitCode.NON_FINITE)
+    except CommTimeoutError as exc:  # an OSError, but no bad input: a stuck peer
+        from mpi4py import MPI
+
+        print(f"hybridagg train: error: {exc}; aborting the job", file=sys.stderr)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(int(exc.exit_code))
     except (ValueError, TypeError, OSError, RemoteError) as exc:
         from mpi4py import MPI
 
@@ -257,7 +293,38 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if not agreed:
             MPI.COMM_WORLD.Abort(2)
         return 2
+    except Exception as exc:
+        _end_if_peer_failed(exc)
+        raise
     return 0
+
+
+def _stopped_together(message: str) -> None:
+    """Rank 0 prints why training stopped; then every rank leaves together.
+
+    The launcher ends the whole job at the first non-zero exit, so no rank
+    may exit before rank 0 has printed: a polled barrier (with the usual
+    timeout) after the message.
+    """
+    from .comm import Comm
+
+    world = Comm(name="exit")
+    if world.rank == 0:
+        print(f"hybridagg train: stopped: {message}", file=sys.stderr, flush=True)
+    world.barrier(what="exit after a non-finite stop")
+    world.free()
+
+
+def _end_if_peer_failed(exc: BaseException) -> None:
+    """A dead or stuck peer (the heartbeat's verdict, or MPI's): exit 5, one message.
+
+    Other errors return, to reach the abort hook with their traceback.
+    """
+    from .comm import end_on_peer_failure, peer_failure_of
+
+    failure = peer_failure_of(exc)
+    if failure is not None:
+        end_on_peer_failure(failure, program="hybridagg train")
 
 
 _COMMANDS["train"] = _cmd_train

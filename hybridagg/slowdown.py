@@ -14,6 +14,7 @@ topology and the training driver both use it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["Slowdown", "parse_rank_ranges", "parse_slowdown"]
@@ -87,8 +88,9 @@ def parse_slowdown(spec: str | None) -> Slowdown:
     """Parse a slowdown spec (see the module docstring); ``None``/``""`` is none.
 
     Raises:
-        ValueError: Malformed spec, a factor that is not a positive number, a
-            rank named twice in one phase, a negative or repeated start time.
+        ValueError: Malformed spec, a factor that is not a finite positive
+            number, a rank named twice in one phase, a start time that is
+            negative, not finite or repeated.
     """
     if spec is None or not spec.strip():
         return Slowdown()
@@ -102,8 +104,10 @@ def parse_slowdown(spec: str | None) -> Slowdown:
             raise ValueError(
                 f"slowdown start time {start_text!r} is not a number"
             ) from None
-        if start < 0:
-            raise ValueError(f"slowdown start time {start} is negative")
+        if not math.isfinite(start) or start < 0:
+            raise ValueError(
+                f"slowdown start time {start} must be a finite number >= 0"
+            )
         factors: dict[int, float] = {}
         for item in body.split(","):
             ranks_text, colon, factor_text = item.strip().partition(":")
@@ -115,8 +119,10 @@ def parse_slowdown(spec: str | None) -> Slowdown:
                 raise ValueError(
                     f"slowdown factor {factor_text!r} is not a number"
                 ) from None
-            if not factor > 0:
-                raise ValueError(f"slowdown factor {factor} must be positive")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ValueError(
+                    f"slowdown factor {factor} must be a finite positive number"
+                )
             for rank in parse_rank_ranges(ranks_text, "slowdown rank range"):
                 if rank in factors:
                     raise ValueError(f"slowdown names rank {rank} twice in one phase")

@@ -170,6 +170,18 @@ class Topology:
             return "server"
         return "leader" if rank in self.leaders else "worker"
 
+    def describe_rank(self, rank: int) -> str:
+        """``rank`` and its role, for messages: ``"rank 3 (worker of group 1)"``.
+
+        Roles: ``leader of group g``, ``worker of group g``, ``server s``.
+        """
+        if rank in self.servers:
+            return f"rank {rank} (server {self.servers.index(rank)})"
+        group = self.group_of(rank)
+        if group is None:
+            return f"rank {rank}"
+        return f"rank {rank} ({self.role_of(rank)} of group {group})"
+
     # --- this rank ----------------------------------------------------------
     @property
     def role(self) -> str:

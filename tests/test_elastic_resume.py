@@ -4,7 +4,11 @@ The pure mappings run in the pytest process; the end-to-end tests run
 ``hybridagg train``, stop it mid-epoch at a checkpoint, resume it with other
 numbers of workers and servers, and check from the samples every worker's
 loop received (``HYBRIDAGG_SAMPLE_LOG``) that the epoch in progress is read
-exactly once across the two runs.
+exactly once across the two runs. The resumed runs train longer than the
+first (``--steps``, ``--epochs``), a change that needs
+``--accept-config-changes``; ``--servers`` and ``--groups`` never do. A
+resharded resume falls back to the run's previous checkpoint when a part
+of the newest does not load, as a resume at the same size does.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import collections
 import itertools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +47,7 @@ from hybridagg.ps.reshard import (
 from hybridagg.ps.shards import shard_ranges
 from hybridagg.ps.spec import server_specs
 from hybridagg.ps.store import ShardStore
-from hybridagg.train.checkpoint import latest_checkpoint, read_manifest
+from hybridagg.train.checkpoint import latest_checkpoint, read_manifest, scan
 from hybridagg.train.elastic import (
     Layout,
     derived_seed,
@@ -445,8 +450,15 @@ def _consumed(log_dir: Path, until: int | None = None) -> dict[int, list[int]]:
     return out
 
 
-def _stop_and_resume(digits, tmp_path, before, after, first_args, then_args):
-    """Train mid-epoch at one size, resume at another; the logs of both runs."""
+def _stop_and_resume(
+    digits, tmp_path, before, after, first_args, then_args, *, refused=()
+):
+    """Train mid-epoch at one size, resume at another; the logs of both runs.
+
+    The resume is given ``--accept-config-changes``. With ``refused``
+    (flags), it is first tried without, and must stop naming those flags
+    and no topology flag.
+    """
     ck = str(tmp_path / "ck")
     common = ["--data", digits, "--no-progress", "--checkpoint", ck, "--lr", "0.05"]
     logs = tmp_path / "first", tmp_path / "second"
@@ -456,6 +468,14 @@ def _stop_and_resume(digits, tmp_path, before, after, first_args, then_args):
     assert first.returncode == 0, output(first)[-3000:]
     saved = latest_checkpoint(ck)
     manifest = read_manifest(saved)
+    if refused:
+        no = run_train(after, [*common, "--resume", *then_args], timeout=90)
+        text = output(no)
+        assert no.returncode == 2, text[-3000:]
+        why = text[text.index("the configuration differs") :].splitlines()[0]
+        assert all(f"{flag}: was" in why for flag in refused), why
+        assert "--servers" not in why and "--groups" not in why, why
+        assert latest_checkpoint(ck) == saved  # the refusal changed nothing
     s, metrics = tmp_path / "summary.json", tmp_path / "metrics.jsonl"
     second = run_train(
         after,
@@ -466,19 +486,27 @@ def _stop_and_resume(digits, tmp_path, before, after, first_args, then_args):
             str(s),
             "--metrics",
             str(metrics),
+            "--accept-config-changes",
             *then_args,
         ],
         env={"HYBRIDAGG_SAMPLE_LOG": str(logs[1])},
     )
-    assert second.returncode == 0, output(second)[-3000:]
+    text = output(second)
+    assert second.returncode == 0, text[-3000:]
+    assert f"resuming {saved.name} with a changed configuration" in text, text[-3000:]
+    assert f"resuming {saved.name} resharded" in text, text[-3000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     (reshard,) = [r for r in records if r["event"] == "reshard"]
     assert {k: reshard[k] for k in ("from", "to")} == summary(s)["resharded"]
+    # the resumed run is the same run: its id, and its checkpoints carry it
+    assert summary(s)["run_id"] == manifest["run_id"]
+    assert read_manifest(latest_checkpoint(ck))["run_id"] == manifest["run_id"]
     return (
         manifest,
         summary(s),
         _consumed(logs[0], until=manifest["number"]),
         _consumed(logs[1]),
+        text,
     )
 
 
@@ -494,7 +522,7 @@ def _read_once(before: dict, after: dict, epoch: int) -> None:
 def test_hybrid_resumes_4_workers_and_1_server_as_6_workers_and_2_servers(
     digits, tmp_path
 ):
-    manifest, s, before, after = _stop_and_resume(
+    manifest, s, before, after, text = _stop_and_resume(
         digits,
         tmp_path,
         5,
@@ -523,6 +551,14 @@ def test_hybrid_resumes_4_workers_and_1_server_as_6_workers_and_2_servers(
         ],
     )
     assert manifest["world_size"] == 5 and manifest["version"] >= 12
+    # the notice lists the accepted changes, the topology's among them
+    for change in (
+        "--steps: was 12, now 1000",
+        "--epochs: was unset, now 1",
+        "--groups: was 0-1,2-3, now 0-2,3-5",
+        "--servers: was unset, now 2",
+    ):
+        assert change in text, (change, text[-3000:])
     _read_once(before, after, 0)
     assert s["resharded"] == {
         "from": {
@@ -546,7 +582,7 @@ def test_hybrid_resumes_4_workers_and_1_server_as_6_workers_and_2_servers(
 
 def test_sync_resumes_4_workers_as_2(digits, tmp_path):
     # 4 x 32 samples an update: 12 updates an epoch; checkpoint 1 after 5
-    manifest, s, before, after = _stop_and_resume(
+    manifest, s, before, after, _ = _stop_and_resume(
         digits,
         tmp_path,
         4,
@@ -569,7 +605,7 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
     digits, tmp_path
 ):
     # the same 4 ranks: rank 2, a worker before, is a server now
-    manifest, s, before, after = _stop_and_resume(
+    manifest, s, before, after, _ = _stop_and_resume(
         digits,
         tmp_path,
         4,
@@ -585,6 +621,7 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
             "15",
         ],
         ["--mode", "async", "--servers", "2", "--steps", "1000", "--epochs", "1"],
+        refused=("--steps", "--epochs"),
     )
     assert manifest["servers"] == 1 and manifest["version"] >= 15
     _read_once(before, after, 0)
@@ -595,6 +632,55 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
         "groups": [[0], [1]],
     }
     assert s["steps"] > manifest["version"] and s["final_accuracy"] > 0.5, s
+
+
+@pytest.mark.parametrize(
+    "corrupt,reader",
+    [
+        ("rank-00002.pt", "rank 3"),  # the old server's: both new servers read it
+        ("rank-00001.pt", "rank 0"),  # old worker 1's: every new worker reads it
+    ],
+)
+def test_a_resharded_resume_falls_back_when_a_part_of_the_newest_does_not_load(
+    digits, tmp_path, corrupt, reader
+):
+    # 2 workers + 1 server write two checkpoints; resumed as 3 workers in
+    # other groups + 2 servers, the world passes the newest over
+    ck = tmp_path / "ck"
+    common = [
+        *("--data", digits, "--no-progress", "--checkpoint", str(ck)),
+        *("--lr", "0.05", "--mode", "hybrid", "--steps", "20"),
+        *("--checkpoint-every", "10"),
+    ]
+    first = run_train(3, [*common, "--groups", "0,1"])
+    assert first.returncode == 0, output(first)[-3000:]
+    previous, newest = [e.path for e in scan(ck)]
+    old = read_manifest(previous)
+    data = (newest / corrupt).read_bytes()
+    (newest / corrupt).write_bytes(data[: len(data) // 2])
+
+    s = tmp_path / "s.json"
+    # only topology flags change: no --accept-config-changes needed
+    args = [*common, "--groups", "0-1,2", "--servers", "2", "--resume"]
+    second = run_train(5, [*args, "--summary", str(s)])
+    text = output(second)
+    assert second.returncode == 0, text[-3000:]
+    warning = re.search(rf"checkpoint {newest.name} cannot be resumed \((.*)", text)
+    assert warning, text[-3000:]
+    assert warning.group(1).startswith(f"{reader}: ") and corrupt in warning.group(1)
+    assert f"resuming from {previous.name}" in warning.group(1)
+    assert text.count("cannot be resumed") == 1  # rank 0 only
+    got = summary(s)
+    assert got["resumed_from"] == str(previous) and got["run_id"] == old["run_id"]
+    assert got["resharded"] == {
+        "from": {"world_size": 3, "workers": 2, "servers": 1, "groups": [[0], [1]]},
+        "to": {"world_size": 5, "workers": 3, "servers": 2, "groups": [[0, 1], [2]]},
+    }
+    # the servers went on from the previous checkpoint's version to the budget
+    assert old["version"] < 20 <= got["steps"]
+    redone = read_manifest(latest_checkpoint(ck))
+    assert redone["run_id"] == old["run_id"] and redone["servers"] == 2
+    assert redone["version"] >= 20 and redone["elements"] == old["elements"]
 
 
 def test_a_sample_log_reads_back_batches_and_marks(tmp_path):

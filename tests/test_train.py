@@ -155,7 +155,7 @@ def test_metrics_parts_merge_in_time_order(tmp_path):
 
 
 def test_checkpoint_commit_is_atomic_and_stale_parts_go(tmp_path):
-    ck0, ck1 = Checkpointer(tmp_path, 0), Checkpointer(tmp_path, 1)
+    ck0, ck1 = Checkpointer(tmp_path, 0, "run"), Checkpointer(tmp_path, 1, "run")
     assert latest_checkpoint(tmp_path) is None
     for n in (1, 2, 3):
         ck0.write(n, {"x": torch.tensor([n])})
@@ -375,10 +375,8 @@ def test_broken_data_file_and_checkpoint_of_another_model(digits, tmp_path):
             "cnn",
         ],
     )
-    assert other.returncode != 0
-    assert "was written by a run with model='mlp'" in output(other), output(other)[
-        -2000:
-    ]
+    assert other.returncode == 2
+    assert "--model: was mlp, now cnn" in output(other), output(other)[-2000:]
 
 
 def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The published flags of `hybridagg train`. A change here is a change of the
 # command line that users, scripts and the Slurm templates rely on.
 FLAGS = [
+    "--accept-config-changes",
     "--adaptive-batch",
     "--adaptive-groups",
     "--allreduce-backend",
@@ -49,6 +50,7 @@ FLAGS = [
     "--no-progress",
     "--optimizer",
     "--overlap",
+    "--overwrite-checkpoints",
     "--resume",
     "--sample-ms",
     "--seed",
@@ -143,6 +145,12 @@ def test_help_shows_the_groups_and_the_defaults():
         ({"adaptive_groups": True}, "--adaptive-groups needs --adaptive-batch"),
         ({"max_batch": 8}, "--batch-size 32 must lie within"),
         ({"resume": True}, "need --checkpoint DIR"),
+        ({"overwrite_checkpoints": True}, "need --checkpoint DIR"),
+        (
+            {"checkpoint": "ck", "resume": True, "overwrite_checkpoints": True},
+            "cannot be combined with --resume",
+        ),
+        ({"accept_config_changes": True}, "--accept-config-changes needs --resume"),
     ],
 )
 def test_more_bad_values_name_their_flag(kw, match):
@@ -169,3 +177,24 @@ def test_the_zoo_names_every_factory():
     for name, path in MODELS.items():
         module, _, attr = path.partition(":")
         assert module == models.__name__ and callable(getattr(models, attr)), name
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-Infinity"])
+def test_every_float_flag_must_be_finite(bad):
+    """argparse's float takes nan and inf; a bound alone lets them through."""
+    import typing
+
+    from hybridagg.cli import build_parser
+
+    hints = typing.get_type_hints(TrainConfig)
+    floats = [
+        f.name
+        for f in fields(TrainConfig)
+        if float in typing.get_args(hints[f.name]) or hints[f.name] is float
+    ]
+    assert {"lr", "momentum", "sample_ms", "weight_decay"} <= set(floats)
+    for name in floats:
+        flag = "--" + name.replace("_", "-")
+        args = build_parser().parse_args(["train", "--data", "x.h5", f"{flag}={bad}"])
+        with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
+            config_from_args(args)

@@ -10,11 +10,18 @@ from hybridagg.runtime import runner
 
 
 def run_train(
-    nranks: int, args: list[str], *, env: dict | None = None, timeout: float = 180
+    nranks: int,
+    args: list[str],
+    *,
+    env: dict | None = None,
+    timeout: float = 180,
+    launcher_flags: list[str] | None = None,
 ):
-    """``mpiexec -n N python -m hybridagg.cli train ARGS``; returns the RunResult."""
+    """``mpiexec -n N [FLAGS] python -m hybridagg.cli train ARGS``; returns the RunResult."""
     argv = runner.mpiexec_argv(
-        nranks, [sys.executable, "-m", "hybridagg.cli", "train", *args]
+        nranks,
+        [sys.executable, "-m", "hybridagg.cli", "train", *args],
+        extra=launcher_flags,
     )
     job_env = runner.mpiexec_env()
     job_env["HYBRIDAGG_TIMEOUT"] = "60"

@@ -10,7 +10,11 @@ Three rules live here so no other module has to remember them:
   buffers over their own memory (:func:`as_buffer`).
 * **No hangs on errors.** :meth:`Comm.check` turns an error on one rank into
   the same error on every rank; :func:`install_abort_hook` turns an unhandled
-  exception into ``MPI_Abort`` with the rank and reason.
+  exception into ``MPI_Abort`` with the rank and reason. A
+  :class:`Heartbeat` finds a dead or stuck rank within
+  ``HYBRIDAGG_FAILURE_TIMEOUT`` even where the launcher keeps the job alive
+  (waits then raise a ``PeerFailure``), and :func:`peer_failure_from` turns
+  MPI's process-failure errors (ULFM) into one naming the dead ranks.
 
 Algorithms (rings, shared memory, which one for which size) live one layer
 up, in :mod:`hybridagg.collectives`.
@@ -18,20 +22,40 @@ up, in :mod:`hybridagg.collectives`.
 
 from .buffers import ScratchPool, alloc, as_buffer, mpi_dtype
 from .communicator import Comm, RemoteError
-from .process import configure_threads, install_abort_hook
-from .waits import CommTimeoutError, default_timeout, wait, wait_until
+from .failures import failed_world_ranks, is_peer_failure, peer_failure_from
+from .finite import all_finite
+from .heartbeat import Heartbeat
+from .liveness import solo
+from .process import (
+    configure_threads,
+    end_job,
+    end_on_peer_failure,
+    install_abort_hook,
+    peer_failure_of,
+)
+from .waits import CommTimeoutError, check_timeout, default_timeout, wait, wait_until
 
 __all__ = [
     "Comm",
     "CommTimeoutError",
+    "Heartbeat",
     "RemoteError",
     "ScratchPool",
+    "all_finite",
     "alloc",
     "as_buffer",
+    "check_timeout",
     "configure_threads",
     "default_timeout",
+    "end_job",
+    "end_on_peer_failure",
+    "failed_world_ranks",
     "install_abort_hook",
+    "is_peer_failure",
     "mpi_dtype",
+    "peer_failure_from",
+    "peer_failure_of",
+    "solo",
     "wait",
     "wait_until",
 ]

@@ -22,7 +22,7 @@ import torch
 from mpi4py import MPI
 
 from .buffers import as_buffer
-from .waits import default_timeout, wait, wait_until
+from .waits import check_timeout, default_timeout, wait, wait_until
 
 __all__ = ["Comm", "RemoteError"]
 
@@ -71,7 +71,7 @@ class Comm:
         if base == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL")
         self.name = name
-        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
         if dup:
             self.mpi, req = base.Idup()
             wait(

@@ -1,16 +1,27 @@
-"""Process-wide MPI plumbing: an abort hook for unhandled errors, compute threads."""
+"""Process-wide MPI plumbing: the ways a rank ends a job, compute threads."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 
 import torch
 from mpi4py import MPI
 
 from ..runtime import envvars
+from ..runtime.outcomes import ExitCode, PeerFailure
+from . import liveness
+from .failures import peer_failure_from
 
-__all__ = ["configure_threads", "install_abort_hook"]
+__all__ = [
+    "configure_threads",
+    "end_job",
+    "end_on_peer_failure",
+    "install_abort_hook",
+    "peer_failure_of",
+]
 
 _hook_lock = threading.Lock()
 _hook_installed = False
@@ -45,7 +56,8 @@ def install_abort_hook() -> bool:
             )
             sys.stderr.flush()
             sys.stdout.flush()
-            MPI.COMM_WORLD.Abort(1)
+            code = getattr(value, "exit_code", ExitCode.INTERNAL)
+            MPI.COMM_WORLD.Abort(int(code))
 
         def excepthook(etype, value, tb) -> None:
             previous(etype, value, tb)
@@ -89,3 +101,71 @@ def configure_threads(num_threads: int | None = None) -> int:
     torch.set_num_threads(n)
     envvars.export("OMP_NUM_THREADS", str(n))
     return n
+
+
+def _status_line(program: str, code: ExitCode) -> str:
+    rank = MPI.COMM_WORLD.Get_rank()
+    return f"{program}: rank {rank}: {code.name.lower()} (exit {int(code)})\n"
+
+
+_REPORTER_GRACE_S = 2.0
+"""Seconds the reporter of a failure lets the other ranks exit on their own
+(they learn the verdict within a fraction of a second) before its
+``MPI_Abort`` ends those that did not (a stuck rank)."""
+
+
+def end_job(
+    failure: PeerFailure, reporter: bool, *, program: str = "hybridagg"
+) -> None:
+    """End this rank, and with it the job, after a peer failure; never returns.
+
+    The reporter (the one rank that declared the failure) prints its
+    message and its status line at once, lets the others exit
+    (``_REPORTER_GRACE_S``), then calls ``MPI_Abort`` with exit code 5,
+    which ends every rank still running, a stuck one included, and makes
+    the launcher exit 5 (Open MPI does so with and without ``--with-ft
+    ulfm``). Every other rank prints its status line and exits 5 itself
+    (``os._exit``: ``MPI_Finalize`` could wait for the dead peer); a
+    launcher may end the whole job at that first exit, with code 5 too. The
+    status line is ``PROGRAM: rank R: aborted (exit 5)``, one per rank, so
+    that each rank's outcome can be read where the launcher does not report it.
+
+    Args:
+        failure: What failed, naming the rank(s).
+        reporter: Whether this rank declared it (prints the message).
+        program: Prefix of the lines printed (the command's name).
+    """
+    code = ExitCode.ABORTED
+    try:
+        if reporter:
+            sys.stderr.write(f"{program}: error: {failure}; aborting the job\n")
+        sys.stderr.write(_status_line(program, code))
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        if reporter:
+            time.sleep(_REPORTER_GRACE_S)
+            MPI.COMM_WORLD.Abort(int(code))
+        os._exit(int(code))
+
+
+def peer_failure_of(error: BaseException) -> PeerFailure | None:
+    """``error`` as a :class:`PeerFailure` (itself, or an MPI process failure), or ``None``."""
+    if isinstance(error, PeerFailure):
+        return error
+    return peer_failure_from(error)
+
+
+def end_on_peer_failure(failure: PeerFailure, *, program: str = "hybridagg") -> None:
+    """The main thread met ``failure``: end the job through the heartbeat; never returns.
+
+    With a heartbeat running, the verdict (this one, or the one the dead
+    rank's watcher declares, whichever comes first) ends every rank with
+    exit 5 and one message (:func:`end_job`). Without one, or should it not
+    end the process, this rank prints ``failure`` and aborts the job itself.
+    """
+    watch = liveness.current()
+    conclude = getattr(watch, "conclude", None)
+    if conclude is not None:
+        conclude(failure)
+    end_job(failure, True, program=program)

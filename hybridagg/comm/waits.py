@@ -8,6 +8,13 @@ and completes it here: a short spin, then sleeps whose length is a fixed
 fraction of the time already waited, so the overshoot past completion stays
 a small share of the operation's own duration. Every wait has a timeout and
 raises :class:`CommTimeoutError` naming the operation and peer.
+
+With a heartbeat running (:mod:`hybridagg.comm.liveness`), a wait raises the
+:class:`~hybridagg.runtime.outcomes.PeerFailure` it declared at the next
+poll, and time during which some rank was in a declared solo phase does not
+count against the timeout: ``HYBRIDAGG_TIMEOUT`` then bounds how long a peer
+that is alive may leave a wait unanswered outside such phases. An MPI error
+reporting a failed process (ULFM) becomes a ``PeerFailure`` naming it.
 """
 
 from __future__ import annotations
@@ -19,12 +26,23 @@ from collections.abc import Callable, Sequence
 from mpi4py import MPI
 
 from ..runtime import envvars
+from ..runtime.outcomes import ExitCode
+from . import liveness
+from .failures import peer_failure_from
 
-__all__ = ["CommTimeoutError", "default_timeout", "wait", "wait_until"]
+__all__ = [
+    "CommTimeoutError",
+    "check_timeout",
+    "default_timeout",
+    "wait",
+    "wait_until",
+]
 
 
 class CommTimeoutError(TimeoutError):
-    """A wait on MPI did not complete within its timeout."""
+    """A wait on MPI did not complete within its timeout (a stuck peer: exit 5)."""
+
+    exit_code = ExitCode.ABORTED
 
 
 def default_timeout() -> float:
@@ -39,6 +57,21 @@ def default_timeout() -> float:
             f"HYBRIDAGG_TIMEOUT must be a finite positive number, got {value}"
         )
     return value
+
+
+def check_timeout(value: float, what: str = "timeout") -> float:
+    """Return ``value`` as a float if it is a finite positive number of seconds.
+
+    A NaN or infinite timeout would never expire (NaN compares false), so a
+    wait given one could hang; every wait has a timeout.
+
+    Raises:
+        ValueError: It is not a finite positive number; names ``what``.
+    """
+    seconds = float(value)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{what} must be a finite positive number, got {value}")
+    return seconds
 
 
 def _poll_params() -> tuple[float, float]:
@@ -115,13 +148,37 @@ def wait_until(
         Seconds waited.
 
     Raises:
-        CommTimeoutError: ``done`` stayed false for ``timeout`` seconds.
+        CommTimeoutError: ``done`` stayed false for ``timeout`` seconds (not
+            counting time during which some rank was in a solo phase).
+        PeerFailure: The heartbeat declared a peer dead or stuck, or MPI
+            reported a failed process.
     """
+    try:
+        return _wait_until(
+            done, what, timeout, activity, spin, max_sleep, max_sleep_for
+        )
+    except MPI.Exception as exc:
+        failure = peer_failure_from(exc, what=what)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+def _wait_until(
+    done: Callable[[], bool],
+    what: str,
+    timeout: float | None,
+    activity: Callable[[], int] | None,
+    spin: float | None,
+    max_sleep: float | None,
+    max_sleep_for: float | None,
+) -> float:
     start = time.perf_counter()
     if done():
         return 0.0
-    if timeout is None:
-        timeout = default_timeout()
+    watch = liveness.current()
+    solo_start = watch.solo_seconds() if watch is not None else 0.0
+    timeout = default_timeout() if timeout is None else check_timeout(timeout)
     default_spin, cap = _poll_params()
     spin = default_spin if spin is None else spin
     low = cap if max_sleep is None else min(cap, max(_MIN_SLEEP_S, max_sleep))
@@ -137,7 +194,12 @@ def wait_until(
                 since, seen = now, current
         idle = now - since
         if idle >= spin:
-            if now - start >= timeout:
+            if watch is not None and watch.failure is not None:
+                raise watch.failure
+            if now - start >= timeout and (
+                watch is None
+                or now - start - (watch.solo_seconds() - solo_start) >= timeout
+            ):
                 rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else -1
                 raise CommTimeoutError(
                     f"rank {rank}: {what} did not complete within {timeout:g} s "

@@ -83,6 +83,30 @@ def _check_arrays(x: np.ndarray, y: np.ndarray, source: str) -> None:
         raise ValueError(f"{source}: no samples")
 
 
+def _check_finite(x: np.ndarray, source: str) -> None:
+    """Raise ``ValueError`` naming the first sample of ``x`` holding a NaN or an infinity.
+
+    Read in pieces of about 64 MiB, in the source's order, so a memory-mapped
+    input is never loaded whole. Integer samples are always finite.
+    """
+    if x.dtype.kind != "f" or len(x) == 0:
+        return
+    row_bytes = max(1, x[0].nbytes)
+    step = max(1, _COPY_BYTES // row_bytes)
+    for lo in range(0, len(x), step):
+        piece = np.asarray(x[lo : lo + step]).reshape(min(step, len(x) - lo), -1)
+        bad = ~np.isfinite(piece).all(axis=1)
+        if bad.any():
+            first = lo + int(np.argmax(bad))
+            values = np.asarray(x[first]).reshape(-1)
+            value = values[~np.isfinite(values)][0]
+            raise ValueError(
+                f"{source}: sample {first} is not finite (holds {value}); "
+                "training on it would stop with a non-finite loss. Fix the "
+                "data, or pass --allow-nonfinite (allow_nonfinite=True) to keep it"
+            )
+
+
 def _create_split(
     f: h5py.File, name: str, n: int, shape: tuple, dtype: np.dtype, block: int
 ) -> tuple[h5py.Dataset, h5py.Dataset]:
@@ -102,7 +126,12 @@ def _norm_axes(shape: tuple) -> tuple[int, ...]:
 
 
 class _Moments:
-    """Running per-channel mean and variance over row chunks (float64)."""
+    """Running per-channel mean and variance over row chunks (float64).
+
+    Over the finite values only: data kept with ``allow_nonfinite`` still
+    gets finite statistics, so only its non-finite samples are non-finite
+    after normalisation.
+    """
 
     def __init__(self, shape: tuple) -> None:
         self.axes = _norm_axes(shape)
@@ -112,13 +141,17 @@ class _Moments:
 
     def add(self, x: np.ndarray) -> None:
         x64 = x.astype(np.float64, copy=False)
+        finite = np.isfinite(x64)
+        if not finite.all():
+            x64 = np.where(finite, x64, 0.0)
         self.s = self.s + x64.sum(axis=self.axes)
         self.ss = self.ss + np.square(x64).sum(axis=self.axes)
-        self.n += x64.size // np.size(self.s)
+        self.n = self.n + finite.sum(axis=self.axes)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
-        mean = np.atleast_1d(self.s / max(self.n, 1))
-        var = np.atleast_1d(self.ss / max(self.n, 1)) - mean**2
+        n = np.maximum(self.n, 1)
+        mean = np.atleast_1d(self.s / n)
+        var = np.atleast_1d(self.ss / n) - mean**2
         std = np.sqrt(np.maximum(var, 0.0))
         std[std == 0] = 1.0
         return mean.astype(np.float32), std.astype(np.float32)
@@ -213,6 +246,7 @@ def convert_arrays(
     source: str = "arrays",
     block_samples: int | None = None,
     progress: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Path:
     """Write in-memory (or memory-mapped) arrays as a hybridagg data file.
 
@@ -226,13 +260,18 @@ def convert_arrays(
         source: Recorded in the file's ``source`` attribute.
         block_samples: Samples per block/chunk (default: about 1 MiB).
         progress: Show a progress bar.
+        allow_nonfinite: Keep samples holding NaN or infinite values
+            (refused by default: they make the training loss non-finite).
 
     Raises:
         TypeError: Samples are not numeric or labels not integers.
         ValueError: Shapes disagree, labels are outside the classes, a split
-            would be empty.
+            would be empty, a sample is not finite (without
+            ``allow_nonfinite``; the message names the first).
     """
     _check_arrays(x, y, source)
+    if not allow_nonfinite:
+        _check_finite(x, source)
     y = np.asarray(y).astype(np.int64)
     classes = int(y.max()) + 1 if num_classes is None else int(num_classes)
     if y.min() < 0 or y.max() >= classes:

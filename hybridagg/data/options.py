@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import InitVar, dataclass
@@ -156,4 +157,7 @@ class LoaderOptions:
 
             put("timeout", default_timeout())
         else:
-            put("timeout", float(self.timeout))
+            t = float(self.timeout)
+            if not (t > 0 and math.isfinite(t)):  # never a wait without an end
+                raise ValueError(f"timeout must be a finite positive number, got {t}")
+            put("timeout", t)

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm
+from ..comm import Comm, all_finite
 from ..modes import check_mode
 from ..ps.compensation import Compensation
 from ..reduce import DEFAULT_BUCKET_BYTES, SHARE_SLOTS, GradientReducer
@@ -177,6 +177,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # buffers are averaged over the same ranks as the gradients
         self._buffer_collectives = Collectives(self._control, settings)
         self._synced = False
+        self._halted: str | None = None
         self.last_total_samples = 0.0
         self.updates = 0
 
@@ -233,6 +234,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> float:
         """Finish reducing gradients (collective); ``.grad`` then holds the average.
 
+        The reduced gradient (and the averaged buffers) are then checked: if
+        any value is NaN or infinite, the optimizer halts (:meth:`halt`).
+        The reduction's result is the same on every rank of its scope, so
+        every rank reaches the same verdict without a message.
+
         Returns:
             The total sample count of this update over the ranks reduced.
         """
@@ -241,7 +247,44 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._buffers:
             self._average_buffers()
         self._synced = True
+        if total > 0 and self._halted is None:
+            if not all_finite(b.flat for b in self._reducer.buckets):
+                self.halt(f"the reduced gradient {self._where()}is not finite")
+            elif self._buffers and not all_finite(self._buffers):
+                self.halt(f"the averaged buffers {self._where()}are not finite")
         return total
+
+    def _where(self) -> str:
+        """Whose reduction, for a message (``""`` where it is every worker's)."""
+        return ""
+
+    def halt(self, reason: str) -> None:
+        """Stop training here: a value of this reduction is NaN or infinite.
+
+        No update is applied from now on (in hybrid and async mode nothing is
+        pushed; the leader tells the servers at :meth:`finish`, and they
+        stop every group); :attr:`should_stop` turns true and
+        :attr:`nonfinite` says why. Call on every rank of the reduction with
+        the same verdict (the driver calls it when a loss in the shared
+        values is not finite; :meth:`synchronize` when the gradient is not).
+
+        Args:
+            reason: What was not finite.
+        """
+        if self._halted is None:
+            self._halted = reason
+        elif reason not in self._halted:  # (the loss first: it is the cause)
+            self._halted = f"{reason}, and {self._halted}"
+
+    @property
+    def nonfinite(self) -> str | None:
+        """Why training must stop on a NaN or an infinity (``None``: it need not)."""
+        return self._halted
+
+    @property
+    def nonfinite_here(self) -> bool:
+        """Whether this rank's own reduction found the NaN or infinity (not the servers)."""
+        return self._halted is not None
 
     def _average_buffers(self) -> None:
         """Average the floating buffers (BatchNorm statistics), equal weights."""
@@ -266,7 +309,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._synced:
             self.synchronize()
         self._synced = False
-        self._apply(self.last_total_samples)
+        if self._halted is None:  # a non-finite gradient changes nothing
+            self._apply(self.last_total_samples)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -321,14 +365,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # --- side channels -----------------------------------------------------------
     def share(self, values) -> None:
-        """Send up to ``SHARE_SLOTS`` (4) numbers with the next reduction.
+        """Send up to ``SHARE_SLOTS`` (5) numbers with the next reduction.
 
         After the next :meth:`synchronize`, :attr:`shared` holds every rank's
         values (rows in rank order of the reduction: all workers in sync
         mode, the group in hybrid/async), at no extra collective: they ride
         along with the reduction's own small control data. The driver uses
-        this to agree on stopping after a signal and to measure per-rank step
-        times.
+        this to agree on stopping after a signal, to measure per-rank step
+        times and to stop every rank when a loss is not finite.
         """
         vals = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
         if vals.numel() > SHARE_SLOTS:
@@ -371,8 +415,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def should_stop(self) -> bool:
-        """Hybrid/async: the servers reached ``max_updates`` (same on every worker)."""
-        return False
+        """The run must stop: a non-finite value (:attr:`nonfinite`), or in
+        hybrid/async the servers reached ``max_updates`` or were asked to stop
+        (same on every worker of a reduction)."""
+        return self._halted is not None
 
     @property
     def last_staleness(self) -> int:

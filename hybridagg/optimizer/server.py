@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Comm
-from ..ps.exchange import ExchangeOptions, GroupExchange
+from ..ps.exchange import ExchangeOptions, GroupExchange, group_name
 from ..ps.protocol import FLAG_STOP
 from ..topology import Topology
 from .base import DistributedOptimizer
@@ -54,6 +54,19 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
     def _scope(self, topo: Topology) -> Comm:
         return topo.comms.group
 
+    def _where(self) -> str:
+        return f"of {group_name(self.topology, self.topology.group)} "
+
+    def halt(self, reason: str) -> None:
+        super().halt(reason)
+        self._exchange.halt()
+
+    @property
+    def nonfinite(self) -> str | None:
+        if self._halted is not None:
+            return f"{self._halted}; nothing was pushed"
+        return self._exchange.halted_by_servers
+
     def _apply(self, total: float) -> None:
         grads = [p.grad for p in self._reducer.params]
         lrs = [group["lr"] for group in self.param_groups]
@@ -84,7 +97,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
 
     @property
     def should_stop(self) -> bool:
-        return self._exchange.should_stop
+        return self._exchange.should_stop or self.nonfinite is not None
 
     @property
     def last_staleness(self) -> int:

@@ -134,6 +134,16 @@ class CheckpointSchedule:
         self.paused.clear()
         return released
 
+    def record_skip(self) -> list[int]:
+        """The paused leaders, released without a save (a halted run saves nothing).
+
+        Returns:
+            The leaders paused, now released.
+        """
+        released = list(self.paused)
+        self.paused.clear()
+        return released
+
     def record_written(self, number: int, server: int) -> None:
         """Server 0: ``server`` has saved ``number``."""
         self.written.setdefault(number, set()).add(server)

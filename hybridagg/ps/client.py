@@ -213,7 +213,9 @@ class PSClient:
 
         Returns:
             ``versions`` per shard, ``stop``, max ``staleness``, and from
-            server 0 ``lr_scale``, the requested ``checkpoint`` and ``advice``.
+            server 0 ``lr_scale``, the requested ``checkpoint`` and
+            ``advice``; ``nonfinite``: the group whose NaN or infinity made
+            a server stop every group (``None``: none).
         """
         self.ps.wait(trip.requests, "push/pull with the parameter servers")
         replies = [P.Reply.decode(h) for h in trip.replies]
@@ -226,6 +228,9 @@ class PSClient:
             "lr_scale": first.lr_scale,
             "checkpoint": first.checkpoint,
             "advice": first.advice,
+            "nonfinite": next(
+                (r.nonfinite for r in replies if r.nonfinite is not None), None
+            ),
         }
 
     def checkpointed(self, number: int) -> None:
@@ -241,9 +246,20 @@ class PSClient:
         if self.flat_buffers is not None:
             unflatten_from(self.flat_buffers, self.buffers)
 
-    def done(self) -> None:
-        """Tell every server this leader is finished."""
-        self._tell_all(P.Request(P.DONE), "done message to the parameter servers")
+    def done(self, nonfinite: int | None = None) -> None:
+        """Tell every server this leader is finished.
+
+        Args:
+            nonfinite: The group whose loss or gradient was not finite (this
+                one, or another the servers told of): every server then
+                stops every group and ends with that reason.
+        """
+        request = (
+            P.Request(P.DONE)
+            if nonfinite is None
+            else P.Request(P.DONE, nonfinite, flags=P.FLAG_NONFINITE)
+        )
+        self._tell_all(request, "done message to the parameter servers")
 
     def receive_final(self, timeout: float | None = None) -> int:
         """On leader 0: receive every server's final shard; returns the version."""

@@ -19,7 +19,16 @@ from .client import PSClient, RoundTrip
 from .compensation import Compensation
 from .groupweights import GroupHeader, GroupWeights
 
-__all__ = ["ExchangeOptions", "GroupExchange"]
+__all__ = ["ExchangeOptions", "GroupExchange", "group_name"]
+
+
+def group_name(topology: Topology, g: int) -> str:
+    """``group 1 (ranks 2-3)``: a group and its world ranks, for messages."""
+    ranks = list(topology.groups[g])
+    span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+    if len(ranks) > 1 and ranks != list(range(ranks[0], ranks[-1] + 1)):
+        span = "ranks " + ",".join(map(str, ranks))
+    return f"group {g} ({span})"
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,10 @@ class GroupExchange:
         stop_flags: Leader: flags sent with every push (``FLAG_STOP``).
         seconds_per_sample: Leader: the group's compute time per sample,
             sent with every push (adaptive batching).
+        nonfinite_group: The group whose loss or gradient was not finite,
+            which stopped every group (``None``: none); this group's own
+            after :meth:`halt`, another's as the servers' replies tell it.
+        nonfinite_version: The newest server version seen when it was told.
         model_versions: Leader: per shard, the version the model's weights
             came from.
     """
@@ -77,6 +90,7 @@ class GroupExchange:
         options: ExchangeOptions,
     ) -> None:
         comms = topology.comms
+        self.topology = topology
         self.is_leader, self.overlap = topology.is_leader, options.overlap
         self.group = (
             GroupWeights(
@@ -111,6 +125,8 @@ class GroupExchange:
         self.advice = 0.0
         self.stop_flags = 0
         self.seconds_per_sample = 0.0
+        self.nonfinite_group: int | None = None
+        self.nonfinite_version = 0
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
@@ -154,6 +170,9 @@ class GroupExchange:
         self.advice = info["advice"]
         self.version = max(self.version, max(info["versions"]))
         self.updates += 1
+        if info["nonfinite"] is not None and self.nonfinite_group is None:
+            self.nonfinite_group = info["nonfinite"]
+            self.nonfinite_version = self.version
 
     # --- everyone ------------------------------------------------------------
     def step(self, grads, samples: float, lrs: list[float]) -> None:
@@ -171,6 +190,7 @@ class GroupExchange:
                 checkpoint=self.checkpoint_requested,
                 advice=self.advice,
                 version=self.version,
+                nonfinite=self.nonfinite_group,
             )
         got = self.group.broadcast(header, "weights")
         if self.is_leader:
@@ -183,6 +203,32 @@ class GroupExchange:
         self.checkpoint_requested = got.checkpoint
         self.advice = got.advice
         self.version = got.version
+        if got.nonfinite is not None and self.nonfinite_group is None:
+            self.nonfinite_group = got.nonfinite
+            self.nonfinite_version = got.version
+
+    def halt(self) -> None:
+        """This group's loss or gradient was not finite: push nothing more.
+
+        Call on every member (each reached the same verdict). The leader
+        tells every server when it finishes (:meth:`finish`); the servers
+        then stop every other group with the reason in their replies.
+        """
+        if self.nonfinite_group is None:
+            self.nonfinite_group = self.topology.group
+            self.nonfinite_version = self.version
+
+    @property
+    def halted_by_servers(self) -> str | None:
+        """Why the servers stopped this group for another group's NaN or infinity."""
+        g = self.nonfinite_group
+        if g is None or g == self.topology.group:
+            return None
+        return (
+            f"{group_name(self.topology, g)} had a non-finite loss or gradient; "
+            f"the servers stopped every group (server version "
+            f"{self.nonfinite_version})"
+        )
 
     @property
     def checkpoint_due(self) -> int:
@@ -271,7 +317,7 @@ class GroupExchange:
             return None
         if self.pending is not None:
             self._finish_pending()
-        self.client.done()
+        self.client.done(nonfinite=self.nonfinite_group)
         if self.client.ps.rank != 0:
             return None
         version = self.client.receive_final(timeout)

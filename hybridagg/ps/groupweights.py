@@ -30,6 +30,8 @@ class GroupHeader:
             resumed from, which counts as saved).
         advice: Batch size from server 0 (0: none).
         version: Newest server version the group has seen.
+        nonfinite: The group whose loss or gradient was not finite, which
+            stopped every group (``None``: none).
     """
 
     stop: bool = False
@@ -39,10 +41,13 @@ class GroupHeader:
     checkpoint: int = 0
     advice: float = 0.0
     version: int = 0
+    nonfinite: int | None = None
 
     def encode_into(self, head: torch.Tensor) -> torch.Tensor:
         """Write the header into ``head`` (:data:`GROUP_HEAD_LEN` float64); returns it."""
-        head[:] = torch.tensor([float(x) for x in astuple(self)], dtype=torch.float64)
+        values = [float(x) for x in astuple(self)[:-1]]
+        values.append(-1.0 if self.nonfinite is None else float(self.nonfinite))
+        head[:] = torch.tensor(values, dtype=torch.float64)
         return head
 
     @classmethod
@@ -57,6 +62,7 @@ class GroupHeader:
             checkpoint=int(values[4]),
             advice=float(values[5]),
             version=int(values[6]),
+            nonfinite=None if values[7] < 0 else int(values[7]),
         )
 
 

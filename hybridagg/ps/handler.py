@@ -5,6 +5,16 @@ A push arrives as a header, then the gradient shard in parts, and to server
 the compensation and, for each part, as soon as it has arrived, applies the
 user's optimizer to it and sends the updated part back, so receiving,
 updating and replying overlap.
+
+Non-finite values: each part of a pushed gradient (and the buffers) is
+checked before it is applied. A NaN or an infinity, or a leader's ``DONE``
+saying its group's loss or gradient was not finite, *halts* the server: it
+applies nothing more (pushes are still received and answered), every reply
+tells the leader to stop and names the group, no snapshot is taken, and
+:attr:`RequestHandler.nonfinite` says why the run ends. Parts of the refused
+push that came before the bad one were applied already (each part is
+applied as it arrives); the run then stops without a checkpoint, so the last
+checkpoint is where to resume.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm
+from ..comm import Comm, all_finite
 from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator
@@ -50,6 +60,10 @@ class RequestHandler:
         checkpoints: The checkpoint coordination.
         advisor: Server 0's batch advice, or ``None``.
         request_len: Length of a request header.
+
+    Attributes:
+        nonfinite: The group whose NaN or infinity halted this server
+            (``None``: running).
     """
 
     def __init__(
@@ -72,6 +86,7 @@ class RequestHandler:
         self.pulls = 0
         self.apply_seconds = 0.0
         self.apply_times: list[float] = []
+        self.nonfinite: int | None = None
         groups = book.num_groups
         self.headers = [np.zeros(request_len, dtype=np.float64) for _ in range(groups)]
         self.inbox = [MPI.REQUEST_NULL] * groups
@@ -107,6 +122,8 @@ class RequestHandler:
             self.schedule.pause(g, request.arg)
             self.inbox[g] = MPI.REQUEST_NULL
         elif request.kind == P.DONE:
+            if request.flags & P.FLAG_NONFINITE:
+                self.halt(request.arg)
             self.book.finish(g)
             self.inbox[g] = MPI.REQUEST_NULL
             if self.server == 0:
@@ -141,7 +158,9 @@ class RequestHandler:
         self.book.record(g, staleness)
         if self.server == 0 and self.schedule.request_due(store.version):
             self.release_held(everyone=True)
-        hold = self.book.too_far_ahead(g, self.schedule.pending)
+        hold = self.nonfinite is None and self.book.too_far_ahead(
+            g, self.schedule.pending
+        )
         reqs = (
             [] if hold else [self.replies.header(g, self._reply(g, staleness, scale))]
         )
@@ -149,13 +168,20 @@ class RequestHandler:
         for i in range(len(store.parts)):
             ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
             t0 = time.perf_counter()
-            store.apply(i, lrs, scale)
+            a, b = store.parts[i]
+            if self.nonfinite is None and not all_finite([store.grad[a:b]]):
+                self.halt(g)  # one group must not poison the model
+            if self.nonfinite is None:
+                store.apply(i, lrs, scale)
             applied += time.perf_counter() - t0
             if not hold:
                 reqs.append(self.replies.weights(g, i, predict=True))
         if incoming is not None:
             ps.wait(grads[-1], f"buffers from leader {g}")
-            store.buffers.copy_(incoming)
+            if self.nonfinite is None and not all_finite([incoming]):
+                self.halt(g)
+            if self.nonfinite is None:
+                store.buffers.copy_(incoming)
             if not hold:
                 reqs.append(self.replies.buffers(g))
         self.replies.track(g, reqs)
@@ -173,12 +199,25 @@ class RequestHandler:
         advice = 0.0 if self.advisor is None else self.advisor.advice(g)
         return P.Reply(
             version=version,
-            stop=self.schedule.stop_flag(version),
+            stop=self.schedule.stop_flag(version) or self.nonfinite is not None,
             staleness=staleness,
             lr_scale=scale,
             checkpoint=self.schedule.requested,
             advice=advice,
+            nonfinite=self.nonfinite,
         )
+
+    def halt(self, g: int) -> None:
+        """Group ``g``'s loss or gradient was not finite: stop every group.
+
+        Nothing more is applied; server 0 lets every held reply go, since
+        each carries the stop.
+        """
+        if self.nonfinite is not None:
+            return
+        self.nonfinite = g
+        if self.server == 0:
+            self.release_held(everyone=True)
 
     # --- server 0: holding, stopping ----------------------------------------------
     def release_held(self, everyone: bool = False) -> None:
@@ -197,6 +236,11 @@ class RequestHandler:
         """Save this server's part of the checkpoint the paused leaders reached."""
         number = self.schedule.snapshot_number()
         store, book = self.store, self.book
+        if self.nonfinite is not None:  # no checkpoint of a halted run
+            for g in self.schedule.record_skip():
+                if g not in book.done:
+                    self.listen(g)
+            return
         state = {
             "checkpoint": number,
             "version": store.version,

@@ -10,17 +10,21 @@ group)::
 
     [kind, arg, samples, flags, seconds_per_sample, reserved, lr of each group...]
 
-``arg`` is the version the gradient was computed from (``PUSH``) or the
-checkpoint number (``CKPT``); ``flags`` holds :data:`FLAG_STOP` (the group
-asks every group to stop, e.g. after SIGTERM); ``seconds_per_sample`` is the
-group's measured compute time per sample (adaptive batching).
+``arg`` is the version the gradient was computed from (``PUSH``), the
+checkpoint number (``CKPT``), or with :data:`FLAG_NONFINITE` the group whose
+loss or gradient was not finite (``DONE``); ``flags`` holds
+:data:`FLAG_STOP` (the group asks every group to stop, e.g. after SIGTERM)
+and :data:`FLAG_NONFINITE`; ``seconds_per_sample`` is the group's measured
+compute time per sample (adaptive batching).
 
 Reply header, server -> leader (float64, :data:`REPLY_LEN`)::
 
-    [version, stop, staleness, lr_scale, checkpoint, advice]
+    [version, stop, staleness, lr_scale, checkpoint, advice, nonfinite]
 
 ``checkpoint`` is the newest checkpoint server 0 has requested; ``advice``
-is a batch size computed by server 0 (adaptive batching; 0: none).
+is a batch size computed by server 0 (adaptive batching; 0: none);
+``nonfinite`` is the reason of a stop for a NaN or an infinity: the group
+whose loss or gradient was not finite (-1: none).
 :class:`Request` and :class:`Reply` write and read these layouts, so no other
 module indexes a header.
 """
@@ -36,6 +40,7 @@ __all__ = [
     "CKPT",
     "DONE",
     "FINAL",
+    "FLAG_NONFINITE",
     "FLAG_STOP",
     "GRAD",
     "HDR",
@@ -61,6 +66,9 @@ INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101,
 # fixed fields of a request header, before the learning rates
 REQUEST_FIELDS = 6
 FLAG_STOP = 1
+# DONE: the group stops for a non-finite loss or gradient (``arg``: whose);
+# every server then stops every group (never set on a PUSH)
+FLAG_NONFINITE = 2
 
 
 def server_rank(num_groups: int, server: int) -> int:
@@ -132,6 +140,8 @@ class Reply:
         lr_scale: Factor the server applied to the pushed group's rates.
         checkpoint: Newest checkpoint server 0 has requested.
         advice: The group's batch size from server 0 (0: none).
+        nonfinite: Why every group stops, if for a NaN or an infinity: the
+            group whose loss or gradient was not finite (``None``: not so).
     """
 
     version: int
@@ -140,6 +150,7 @@ class Reply:
     lr_scale: float = 0.0
     checkpoint: int = 0
     advice: float = 0.0
+    nonfinite: int | None = None
 
     def encode_into(self, head: np.ndarray) -> np.ndarray:
         """Write the header into ``head`` (:data:`REPLY_LEN` float64); returns it."""
@@ -150,6 +161,7 @@ class Reply:
             self.lr_scale,
             self.checkpoint,
             self.advice,
+            -1.0 if self.nonfinite is None else self.nonfinite,
         )
         return head
 
@@ -163,6 +175,7 @@ class Reply:
             lr_scale=float(head[3]),
             checkpoint=int(head[4]),
             advice=float(head[5]),
+            nonfinite=None if head[6] < 0 else int(head[6]),
         )
 
 

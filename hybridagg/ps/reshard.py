@@ -300,11 +300,15 @@ class ShardSource:
             :func:`~hybridagg.ps.server.serve` gave ``on_snapshot``).
         groups_changed: The resumed run's groups differ from the checkpoint's
             (see :func:`group_state`).
+        elements: Elements of the flat model the checkpoint was written
+            for (``None``: not recorded); a model of another size is refused
+            with a clear message.
     """
 
     servers: int
     load: Callable[[int], dict]
     groups_changed: bool
+    elements: int | None = None
 
     def restore(self, spec: ServerSpec, store, num_groups: int) -> dict:
         """This server's state rebuilt from the old parts it overlaps.
@@ -321,6 +325,11 @@ class ShardSource:
             ValueError: The checkpoint does not fit this model.
         """
         total = sum(spec.numels)
+        if self.elements is not None and self.elements != total:
+            raise ValueError(
+                f"the checkpoint holds a model of {self.elements} elements, this "
+                f"run's model has {total} (another model?)"
+            )
         if total < self.servers:
             raise ValueError(
                 f"the checkpoint has {self.servers} shards of a {total}-element model"

@@ -101,6 +101,8 @@ class ServerStats:
         apply_times: The optimizer's time per push (the first 10,000 pushes).
         batch_decisions: Server 0's batch changes,
             ``(version, old, new, seconds_per_sample)``.
+        nonfinite: The group whose NaN or infinity halted the server
+            (``None``: none); the run must then end as non-finite.
     """
 
     server: int
@@ -114,6 +116,7 @@ class ServerStats:
     apply_seconds: float = 0.0
     apply_times: list[float] = field(default_factory=list)
     batch_decisions: list = field(default_factory=list)
+    nonfinite: int | None = None
 
 
 class _Server:
@@ -236,7 +239,8 @@ class _Server:
         """Complete the replies, take the last checkpoint, send the shard to leader 0."""
         ps, store, schedule = self.ps, self.store, self.schedule
         self.replies.wait_all()
-        if schedule.enabled and store.version != schedule.saved_version:
+        halted = self.handler.nonfinite is not None
+        if schedule.enabled and store.version != schedule.saved_version and not halted:
             # every server processed the same pushes and CKPTs, so all agree
             # on this final checkpoint's number and on whether it is needed
             for g in range(self.num_groups):
@@ -265,6 +269,7 @@ class _Server:
             apply_seconds=self.handler.apply_seconds,
             apply_times=self.handler.apply_times,
             batch_decisions=[] if self.advisor is None else self.advisor.decisions,
+            nonfinite=self.handler.nonfinite,
         )
 
 

@@ -34,6 +34,8 @@ class ShardStore:
         self.version = 0
         lo, hi = spec.shard_range
         self.shard_range = (int(lo), int(hi))
+        # the whole flat model's elements (a checkpoint records the cut)
+        self.elements = int(sum(spec.numels))
         self.parts = part_ranges(hi - lo, spec.part_elems)
         # per part: its optimizer and the user's group of each of its groups
         self.optimizers: list[tuple[torch.optim.Optimizer, list[int]] | None] = []
@@ -117,9 +119,9 @@ class ShardStore:
     def state(self) -> dict:
         """The shard's weights, buffers and optimizer states (copies), for a checkpoint.
 
-        ``range`` and ``parts`` record how this shard was cut, so that a run
-        with another number of servers can find each piece's state
-        (:mod:`hybridagg.ps.reshard`).
+        ``range``, ``parts`` and ``elements`` (the whole flat model's) record
+        how this shard was cut, so that a run with another number of servers
+        can find each piece's state (:mod:`hybridagg.ps.reshard`).
         """
         return {
             "flat": self.flat.clone(),
@@ -129,6 +131,7 @@ class ShardStore:
             ],
             "range": list(self.shard_range),
             "parts": [[a, b] for a, b in self.parts],
+            "elements": self.elements,
         }
 
     def fresh_param_groups(self) -> list[list[dict] | None]:

@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["MISUSE_TEXT", "SHARE_SLOTS", "ControlVector", "Misuse", "MisuseError"]
 
-SHARE_SLOTS = 4
+SHARE_SLOTS = 5
 """Values each rank may share with the others of its reduction at every step."""
 
 

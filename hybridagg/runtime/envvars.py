@@ -11,6 +11,7 @@ marked ``owner`` accordingly, because hybridagg reads them.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 __all__ = [
     "ENV_VARS",
     "EnvVar",
+    "check_all",
     "describe",
     "export",
     "get_bool",
@@ -38,12 +40,17 @@ class EnvVar:
         doc: What it means.
         owner: Who sets it: ``"hybridagg"`` (the user), or the launcher or
             library that defines it.
+        kind: How it is read: ``"str"``, ``"int"``, ``"float"`` (finite) or
+            ``"bool"``; :func:`check_all` reads every variable so.
+        positive: A number that must be above zero.
     """
 
     name: str
     default: str | None
     doc: str
     owner: str = "hybridagg"
+    kind: str = "str"
+    positive: bool = False
 
 
 _DECLARED = [
@@ -52,17 +59,48 @@ _DECLARED = [
         "HYBRIDAGG_TIMEOUT",
         "600",
         "Seconds any single wait on MPI may take before it raises a "
-        "CommTimeoutError naming the operation and peer (the job then aborts).",
+        "CommTimeoutError naming the operation and peer (the job then aborts, "
+        "exit 5). Time during which some rank is in a declared solo phase "
+        "(see HYBRIDAGG_SOLO_WORK_TIMEOUT) does not count, and a dead or "
+        "stuck rank is found sooner by the heartbeat "
+        "(HYBRIDAGG_FAILURE_TIMEOUT): this bounds how long a live peer may "
+        "leave a wait unanswered outside solo phases (a hang, a deadlock, a "
+        "peer far slower than expected).",
+        kind="float",
+        positive=True,
+    ),
+    EnvVar(
+        "HYBRIDAGG_FAILURE_TIMEOUT",
+        "30",
+        "Seconds within which a dead or stuck rank is detected, even when the "
+        "launcher keeps the job alive after a rank dies (mpirun --with-ft "
+        "ulfm or --enable-recovery, some srun settings): every rank sends a "
+        "tiny heartbeat to the next one in a ring from a background thread; "
+        "one silent for about this long is declared, the message names it "
+        "and its role, and every rank exits 5. Finite and positive.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SOLO_WORK_TIMEOUT",
+        "3600",
+        "Seconds one rank may spend on work the others wait for: rank 0's "
+        "validation, checkpoint writes and commits (rank 0, the servers), the "
+        "final metrics merge and summary. Meanwhile the other ranks' waits "
+        "do not run into HYBRIDAGG_TIMEOUT; past this, the rank aborts the "
+        "job (exit 5) naming the phase. Finite and positive.",
+        kind="float",
+        positive=True,
     ),
     EnvVar(
         "HYBRIDAGG_POLL_SPIN_US",
         "100",
         "Microseconds a wait spins on MPI_Test before it starts sleeping.",
+        kind="float",
     ),
     EnvVar(
         "HYBRIDAGG_POLL_MAX_SLEEP_US",
         "2000",
         "Longest sleep between two polls of a pending MPI request (back-off cap).",
+        kind="float",
     ),
     EnvVar(
         "HYBRIDAGG_SERVER_MAX_SLEEP_US",
@@ -72,6 +110,8 @@ _DECLARED = [
         "server's reaction time adds to every push's round trip, while an "
         "idle server wakes up more often (its cost: bench/RESULTS.md). After "
         "a long silence the general cap applies again.",
+        kind="float",
+        positive=True,
     ),
     EnvVar(
         "HYBRIDAGG_RING_MIN_BYTES",
@@ -80,6 +120,7 @@ _DECLARED = [
         "pipelined ring of non-blocking point-to-point messages instead of "
         "MPI_Iallreduce (0: always the ring; a huge value: never). "
         "Must be the same on every rank (DistributedOptimizer checks).",
+        kind="int",
     ),
     EnvVar(
         "HYBRIDAGG_RING_CHUNK_BYTES",
@@ -87,6 +128,8 @@ _DECLARED = [
         "Pipelining chunk of the ring all-reduce: each segment is cut into "
         "chunks of about this size that advance independently. "
         "Must be the same on every rank (DistributedOptimizer checks).",
+        kind="int",
+        positive=True,
     ),
     EnvVar(
         "HYBRIDAGG_SETTLED_MAX_BYTES",
@@ -100,6 +143,7 @@ _DECLARED = [
         "see HYBRIDAGG_SHM_REDUCE, or by hybridagg.collectives.mean_allreduce), "
         "above it after the control all-reduce as a settled all-reduce. "
         "Must be the same on every rank (DistributedOptimizer checks).",
+        kind="int",
     ),
     EnvVar(
         "HYBRIDAGG_SHM_REDUCE",
@@ -113,6 +157,7 @@ _DECLARED = [
         "rank after one flag wait; 0: always through MPI messages. "
         "Used only when every rank of the group says 1 and /dev/shm has room "
         "for twice the window.",
+        kind="bool",
     ),
     EnvVar(
         "HYBRIDAGG_DATA_DIRECT_READ",
@@ -121,6 +166,7 @@ _DECLARED = [
         "dataset with os.preadv at the addresses in HDF5's chunk index (no "
         "GIL held, so reads overlap batch assembly); 0: always h5py's "
         "read_direct. Other layouts always use h5py.",
+        kind="bool",
     ),
     EnvVar(
         "HYBRIDAGG_PS_PART_BYTES",
@@ -128,12 +174,16 @@ _DECLARED = [
         "Parameter-server messages are cut into parts of about this size; a "
         "server updates and returns each part as soon as it arrives, so "
         "transfer and update overlap. Must be the same on every rank.",
+        kind="int",
+        positive=True,
     ),
     EnvVar(
         "HYBRIDAGG_NUM_THREADS",
         None,
         "Compute threads per rank (torch.set_num_threads). Default: "
         "OMP_NUM_THREADS if set, else 1, since ranks share a node's cores.",
+        kind="int",
+        positive=True,
     ),
     EnvVar(
         "HYBRIDAGG_ABORT_ON_ERROR",
@@ -141,6 +191,7 @@ _DECLARED = [
         "1: an unhandled exception on any rank prints the rank and reason and "
         "calls MPI_Abort so the job ends instead of hanging. 0: leave "
         "sys.excepthook alone.",
+        kind="bool",
     ),
     EnvVar(
         "HYBRIDAGG_MPIEXEC",
@@ -185,8 +236,12 @@ _DECLARED = [
     EnvVar(
         "HYBRIDAGG_FAULT",
         None,
-        "Fault injection for tests: 'checkpoint:N:R' makes rank R exit in the "
-        "middle of writing its part of checkpoint N.",
+        "Fault injection for tests, one of: 'checkpoint:N:R' makes "
+        "rank R exit in the middle of writing its part of checkpoint N; "
+        "'kill:N:R' makes worker rank R kill itself (SIGKILL) at its step N; "
+        "'stop:N:R' makes it stop (SIGSTOP: alive but stuck) at step N; "
+        "'slow-validation:S' makes each of rank 0's validations last S "
+        "seconds longer.",
         "tests",
     ),
     EnvVar(
@@ -278,6 +333,7 @@ _DECLARED = [
         None,
         "OpenMP threads; respected as the compute-thread default.",
         "openmp",
+        kind="int",
     ),
     EnvVar(
         "OMPI_ALLOW_RUN_AS_ROOT",
@@ -385,18 +441,25 @@ def get_int(name: str, environ: Mapping[str, str] | None = None) -> int | None:
 
 
 def get_float(name: str, environ: Mapping[str, str] | None = None) -> float | None:
-    """Return a declared variable as a float (``None`` when unset, no default).
+    """Return a declared variable as a finite float (``None`` when unset, no default).
+
+    ``nan`` and ``inf`` are refused: every float hybridagg reads is a time or
+    a size, and a NaN compares false with everything (a NaN timeout would
+    never expire).
 
     Raises:
-        ValueError: The value is not a number.
+        ValueError: The value is not a finite number.
     """
     value = _lookup(name, environ)
     if value is None:
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ValueError(f"{name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
 
 
 def get_bool(name: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -414,6 +477,33 @@ def get_bool(name: str, environ: Mapping[str, str] | None = None) -> bool:
     if low in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name}={value!r} is not a boolean (use 1 or 0)")
+
+
+_GETTERS = {"int": get_int, "float": get_float, "bool": get_bool}
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> None:
+    """Read every declared variable as its ``kind`` says, so a bad one fails now.
+
+    ``hybridagg train`` calls it before MPI starts, so a bad value is one
+    clear error (and exit code 2) on every rank instead of a failure deep in
+    whichever rank reads it first.
+
+    Args:
+        environ: Where to read (default: this process's environment).
+
+    Raises:
+        ValueError: A variable that is not of its kind (an int, a finite
+            float, a boolean), or not above zero where it must be; the
+            message names it.
+    """
+    for var in _DECLARED:
+        getter = _GETTERS.get(var.kind)
+        if getter is None:
+            continue
+        value = getter(var.name, environ)
+        if var.positive and value is not None and not value > 0:
+            raise ValueError(f"{var.name} must be positive, got {value!r}")
 
 
 def export(name: str, value: str) -> None:

@@ -2,7 +2,8 @@
 
 :func:`train` runs a job on every rank; :class:`TrainConfig` (``config/``) holds and checks
 its options, ``flags`` makes the command line from it; ``models``, ``emulation``, ``metrics``, ``checkpoint`` and
-``evaluate`` are the pieces it wires together. The configuration is pure and
+``evaluate`` are the pieces it wires together; ``resume`` decides whether a run starts
+fresh or resumes, and from which checkpoint. The configuration is pure and
 imported eagerly; :func:`train` (torch, MPI) on first use.
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,8 @@ import torch
 
 from ..topology import Topology
 from .config import OptimOptions, TrainConfig
+from .config.changes import ConfigChange, config_changes, refusal
+from .elastic import Layout, ReshardPlan, reshard_plan
 
 __all__ = [
     "check_manifest",
@@ -22,6 +26,7 @@ __all__ = [
 
 
 def manifest(cfg: TrainConfig, topo: Topology, **extra) -> dict:
+    """What a checkpoint's manifest records about the run (the committer adds its id)."""
     return {
         "mode": cfg.mode,
         "model": cfg.model,
@@ -33,19 +38,41 @@ def manifest(cfg: TrainConfig, topo: Topology, **extra) -> dict:
     }
 
 
-def check_manifest(saved: dict, cfg: TrainConfig, topo: Topology, path: Path) -> None:
-    """Raise ``ValueError`` if a checkpoint was written by another kind of run.
+@functools.cache
+def _defaults() -> dict:
+    return {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 
-    The ranks, servers and groups may differ: :func:`.elastic.reshard_plan`
-    maps them.
+
+def check_manifest(
+    saved: dict, cfg: TrainConfig, topo: Topology, path: Path
+) -> tuple[list[ConfigChange], ReshardPlan]:
+    """Whether this run may resume the checkpoint at ``path``, whose manifest is ``saved``.
+
+    The configuration is compared field by field
+    (:func:`~hybridagg.train.config.changes.config_changes`): a changed
+    mode is refused, other changes that alter training are refused unless
+    ``--accept-config-changes``. The topology (world size, servers, groups)
+    may differ: :func:`~hybridagg.train.elastic.reshard_plan` maps the
+    checkpoint's ranks onto this run's.
+
+    Returns:
+        The differences accepted (``--accept-config-changes``, topology
+        flags), for a notice, and the plan of what each rank continues from.
+
+    Raises:
+        ValueError: One message naming every refused difference, or a
+            manifest that does not record a valid layout.
     """
-    mine = manifest(cfg, topo)
-    for key in ("model", "mode"):
-        if saved.get(key) != mine[key]:
-            raise ValueError(
-                f"checkpoint {path} was written by a run with {key}={saved.get(key)!r}; "
-                f"this run has {key}={mine[key]!r}"
-            )
+    after = cfg.as_dict()
+    before = saved.get("config")
+    if not isinstance(before, dict):  # a manifest that records no configuration
+        before = {k: saved[k] for k in ("model", "mode") if k in saved}
+        after = {k: after[k] for k in before}
+    changes = config_changes(before, after, _defaults())
+    why = refusal(changes, accept=cfg.accept_config_changes, where=f"checkpoint {path}")
+    if why is not None:
+        raise ValueError(why)
+    return changes, reshard_plan(saved, Layout.of(topo), path)
 
 
 def rng_state() -> dict:

@@ -4,47 +4,35 @@ One call of :func:`train` on every rank of the job. Servers serve
 (:class:`~hybridagg.train.server_role.ServerRole`); workers iterate their
 share of the data, emulate their speed, step the
 :class:`~hybridagg.optimizer.DistributedOptimizer`, validate (rank 0),
-checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Errors in
-the set-up (a bad data file, a checkpoint of another model) become the same
+checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Whether
+the run starts fresh or resumes, and from which checkpoint, is decided first
+(:mod:`~hybridagg.train.resume`). Errors in the set-up (a bad data file, a
+checkpoint folder of another run, a changed configuration) become the same
 error on every rank before any training collective starts. A checkpoint
 written with other ranks, servers or groups is resharded
 (:mod:`~hybridagg.train.elastic`).
+
+A :class:`~hybridagg.comm.Heartbeat` runs for the whole run: a dead or stuck
+rank is found within ``HYBRIDAGG_FAILURE_TIMEOUT`` and every rank exits 5,
+the rank that found it naming the dead one and its role.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
+from ..comm import Heartbeat, end_job, is_peer_failure, solo
+from ..comm.liveness import failure_timeout, solo_work_timeout
+from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
-from .checkpoint import Checkpointer, latest_checkpoint, read_manifest
-from .common import check_manifest
+from .checkpoint import Checkpointer
 from .config import TrainConfig
-from .elastic import Layout, ReshardPlan, reshard_plan
+from .resume import start_run
 from .server_role import ServerRole
 from .worker import WorkerRole
 
 __all__ = ["train"]
-
-
-def _find_resume(
-    cfg: TrainConfig, topo: Topology
-) -> tuple[Path | None, dict | None, ReshardPlan | None]:
-    world = topo.comms.world
-    err, found = None, None
-    if cfg.resume and world.rank == 0:
-        found = latest_checkpoint(cfg.checkpoint)
-    found = world.bcast(None if found is None else str(found), 0, what="resume path")
-    manifest, plan = None, None
-    if found is not None:
-        try:
-            manifest = read_manifest(Path(found))
-            check_manifest(manifest, cfg, topo, Path(found))
-            plan = reshard_plan(manifest, Layout.of(topo), Path(found))
-        except ValueError as exc:
-            err = exc
-    world.check(err, what="checkpoint to resume from")
-    return (Path(found) if found else None), manifest, plan
 
 
 def train(cfg: TrainConfig, comm=None) -> dict | None:
@@ -61,6 +49,29 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     topo = init(
         comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
     )
+    err = None
+    try:  # a bad value: the same error on every rank, before the collective start
+        failure_timeout()
+        solo_work_timeout()
+    except ValueError as exc:
+        err = exc
+    topo.comms.world.check(err, what="the heartbeat's settings")
+    heartbeat = Heartbeat(
+        topo.comms.world.mpi,
+        describe=topo.describe_rank,
+        on_failure=functools.partial(end_job, program="hybridagg train"),
+    )
+    try:
+        result = _run(cfg, topo, stop)
+    except BaseException as exc:
+        if not (isinstance(exc, PeerFailure) or is_peer_failure(exc)):
+            heartbeat.stop()  # this rank leaves: its successor must not mourn it
+        raise
+    heartbeat.free()
+    return result
+
+
+def _run(cfg: TrainConfig, topo: Topology, stop) -> dict | None:
     world = topo.comms.world
     err = None
     try:
@@ -68,9 +79,18 @@ def train(cfg: TrainConfig, comm=None) -> dict | None:
     except ValueError as exc:
         err = exc
     world.check(err, what="--slowdown")
-    resume, manifest, plan = _find_resume(cfg, topo)
-    if cfg.checkpoint and world.rank == 0:
-        Checkpointer(cfg.checkpoint, 0).remove_stale()  # parts of a killed run
+    start = start_run(cfg, topo)
+    ck = None
+    if cfg.checkpoint:
+        ck = Checkpointer(
+            cfg.checkpoint,
+            topo.rank,
+            start.run_id,
+            replace_others=cfg.overwrite_checkpoints,
+        )
+        if world.rank == 0:
+            with solo("removing a killed run's checkpoint parts"):
+                ck.remove_stale()
     if topo.is_server:
-        return ServerRole(cfg, topo, resume, stop, plan).run()
-    return WorkerRole(cfg, topo, resume, manifest, stop, plan).run()
+        return ServerRole(cfg, topo, start, ck, stop).run()
+    return WorkerRole(cfg, topo, start, ck, stop).run()

@@ -17,7 +17,7 @@ from torch import nn
 
 from .zoo import MODELS
 
-__all__ = ["MODELS", "build_model", "image_shape"]
+__all__ = ["MODELS", "build_model", "check_fits", "image_shape", "resolve_device"]
 
 
 def image_shape(sample_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -147,3 +147,92 @@ def build_model(
             f"model factory {name!r} returned {type(model).__name__}, not a Module"
         )
     return model
+
+
+def resolve_device(text: str, rank: int) -> torch.device:
+    """The ``--device`` as a ``torch.device`` this rank can use.
+
+    Raises:
+        ValueError: Not a device torch knows, not ``cpu`` or ``cuda``, or
+            ``cuda`` where CUDA is not available (or has no such index).
+    """
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(
+            f"--device {text!r} is not a device: use cpu, cuda or cuda:N"
+        ) from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text!r}: hybridagg trains on cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {text}: CUDA is not available on rank {rank} (torch "
+                f"{torch.__version__}, built for CUDA {torch.version.cuda}); "
+                "use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"--device {text}: rank {rank} sees {count} CUDA device(s)"
+            )
+    return device
+
+
+def _expected_input(model: nn.Module) -> str:
+    """What the model's first layer takes, in words (``""``: not known)."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            return f"inputs of {m.in_features} features"
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return f"inputs of {m.in_channels} channels"
+    return ""
+
+
+def check_fits(
+    model: nn.Module,
+    sample_shape: tuple[int, ...],
+    num_classes: int,
+    name: str,
+    device: torch.device,
+) -> None:
+    """Check, with one sample of zeros, that ``model`` takes the data and covers its classes.
+
+    Run once at set-up so that a model that does not fit is one clear error
+    before the first step, not a traceback inside it. The forward runs in
+    eval mode without gradients (BatchNorm's statistics stay untouched);
+    one sample costs a small fraction of a step.
+
+    Raises:
+        ValueError: The model fails on a sample of this shape, or gives
+            fewer outputs than the data has classes; names both shapes.
+    """
+    sample = torch.zeros((1, *sample_shape), device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        expects = _expected_input(model)
+        expects = f" (it expects {expects})" if expects else ""
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(
+            f"model {name!r} does not fit the data: it cannot take samples of "
+            f"shape {tuple(sample_shape)}{expects}: {type(exc).__name__}: {reason}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != 1:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"model {name!r} does not fit the data: for a batch of 1 sample of "
+            f"shape {tuple(sample_shape)} it returns {got}, not logits of shape "
+            f"(1, {num_classes})"
+        )
+    if out.shape[1] < num_classes:
+        raise ValueError(
+            f"model {name!r} does not fit the data: it outputs {out.shape[1]} "
+            f"values per sample, but the data has {num_classes} classes "
+            f"(samples of shape {tuple(sample_shape)})"
+        )

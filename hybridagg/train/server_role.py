@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
-from ..ps.reshard import ShardSource, group_state
+from ..comm import solo
 from ..ps.server import serve, server_max_sleep
 from ..topology import Topology
-from .checkpoint import Checkpointer, load_part
+from .checkpoint import Checkpointer
 from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
-from .elastic import ReshardPlan
 from .metrics import MetricsWriter
+from .resume import RunStart
+from .worker.role import raise_if_nonfinite
 
 __all__ = ["ServerRole"]
 
@@ -47,7 +47,10 @@ class _ServerEvents:
     def on_snapshot(self, number: int, state: dict) -> None:
         """Write this server's part of checkpoint ``number``."""
         t = time.perf_counter()
-        self.ck.write(number, {"server": state})
+        # the leaders wait for this server meanwhile (servers are few, so
+        # each one announcing its write costs little)
+        with solo(f"writing its part of checkpoint {number}"):
+            self.ck.write(number, {"server": state})
         self._last = state
         self.metrics.write(
             "checkpoint",
@@ -60,15 +63,19 @@ class _ServerEvents:
     def on_commit(self, number: int) -> None:
         """Server 0: every part is written; publish checkpoint ``number``."""
         state = self._last
-        self.ck.commit(
-            number,
-            manifest(
-                self.cfg,
-                self.topo,
-                version=state["version"],
-                done_groups=state["done"],
-            ),
-        )
+        with solo(f"committing checkpoint {number}"):
+            self.ck.commit(
+                number,
+                manifest(
+                    self.cfg,
+                    self.topo,
+                    version=state["version"],
+                    done_groups=state["done"],
+                    # the flat model's size: a run with another number of
+                    # servers reads only the old parts its shard overlaps
+                    elements=state["shard"]["elements"],
+                ),
+            )
 
     def on_batch(self, version: int, decision) -> None:
         """Server 0 resized the groups' batches."""
@@ -89,68 +96,36 @@ class ServerRole:
     Args:
         cfg: The run's options.
         topo: The topology.
-        resume: The checkpoint to resume from (``None``: a fresh start).
+        start: How the run starts (its id, the checkpoint it resumes from:
+            the old server parts this server continues from are already
+            loaded, by the reshard plan).
+        ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
-        plan: How this run's ranks map to the checkpoint's (with ``resume``).
     """
 
     def __init__(
         self,
         cfg: TrainConfig,
         topo: Topology,
-        resume: Path | None,
+        start: RunStart,
+        ck: Checkpointer | None,
         stop: threading.Event,
-        plan: ReshardPlan | None = None,
     ) -> None:
-        self.cfg, self.topo, self.resume, self.stop = cfg, topo, resume, stop
-        self.plan = plan
-
-    def _old_part(self, server: int) -> dict:
-        """Old server ``server``'s saved state."""
-        rank = self.plan.old_server_rank(server)
-        part = load_part(self.resume, rank)
-        if part is None or "server" not in part:
-            raise ValueError(
-                f"checkpoint {self.resume} has no part for server rank {rank}"
-            )
-        return part["server"]
-
-    def _restore(self) -> tuple[dict | None, ShardSource | None]:
-        """This server's state in the checkpoint resumed from (``None``: fresh).
-
-        Returns:
-            ``(state, None)`` with the checkpoint's number of servers (server
-            ``s`` continues old server ``s``), ``(None, source)`` with another
-            (every server rebuilds its shard from the old parts it overlaps,
-            in :func:`~hybridagg.ps.server.serve`, which alone knows the
-            model's size), ``(None, None)`` for a fresh start.
-        """
-        server_max_sleep()  # a bad value: the same error on every rank, here
-        if self.resume is None:
-            return None, None
-        topo, plan = self.topo, self.plan
-        if plan.servers_changed:
-            # the parts are read later; a missing one fails here, on every rank
-            for s in range(plan.old.servers):
-                rank = plan.old_server_rank(s)
-                if not (self.resume / f"rank-{rank:05d}.pt").exists():
-                    raise ValueError(
-                        f"checkpoint {self.resume} has no part for server rank {rank}"
-                    )
-            return None, ShardSource(
-                plan.old.servers, self._old_part, plan.groups_changed
-            )
-        state = self._old_part(topo.servers.index(topo.rank))
-        state = {**state, **group_state(state, topo.num_groups, plan.groups_changed)}
-        return state, None
+        self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
+        self.stop = stop
 
     def run(self) -> None:
         """Serve until every group is done, then report (collective with the workers)."""
-        cfg, topo, world = self.cfg, self.topo, self.topo.comms.world
-        err, restore, reshard = None, None, None
-        ck = Checkpointer(cfg.checkpoint, topo.rank) if cfg.checkpoint else None
+        cfg, topo, world, ck = self.cfg, self.topo, self.topo.comms.world, self.ck
+        err = None
+        resumed = self.start.resumed
+        restore, reshard = None, None
+        if resumed is not None:
+            # the checkpoint's number of servers: its own old part; another:
+            # the old parts it overlaps, its shard rebuilt in serve()
+            restore, reshard = resumed.server.state, resumed.server.shards
         try:
-            restore, reshard = self._restore()
+            server_max_sleep()  # a bad value: the same error on every rank, here
         except ValueError as exc:
             err = exc
         world.check(err, what="set-up")  # phase 1: models, checkpoints
@@ -176,8 +151,16 @@ class ServerRole:
             "version": stats.version,
             "max_staleness": stats.max_staleness,
             "busy_s": stats.busy_seconds,
+            "nonfinite": None
+            if stats.nonfinite is None
+            else (
+                f"server rank {topo.rank} stopped every group at version "
+                f"{stats.version}: group {stats.nonfinite}'s loss or gradient "
+                "was not finite"
+            ),
         }
-        world.allgather(report, what="run report")
+        reports = world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
+        raise_if_nonfinite(reports)  # (the same on every rank)
         return None

@@ -12,7 +12,8 @@ what to train (:mod:`.training`), how to aggregate (:mod:`.aggregation`),
 heterogeneity (:mod:`.heterogeneity`), measuring and saving
 (:mod:`.outputs`). :class:`TrainConfig` is all of them together
 (:data:`CONCERNS`, in the order of ``--help``) and adds the checks that span
-concerns. Access stays flat (``cfg.lr``, ``cfg.mode``): the flags are one
+concerns. :mod:`.changes` compares a checkpoint's configuration with a
+resumed run's. Access stays flat (``cfg.lr``, ``cfg.mode``): the flags are one
 flat namespace, so the fields are too, ``TrainConfig(data=..., lr=...)`` is
 the public constructor, and the checkpoint manifest keeps its flat
 ``config``. A function that needs one concern takes that concern's type

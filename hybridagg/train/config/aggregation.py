@@ -103,3 +103,11 @@ class ExecutionOptions(Concern):
 
     device: str = "cpu"
     """cpu, or cuda: one GPU per node-local rank"""
+
+    def _check(self) -> None:
+        # the spelling here (pure: no torch); whether CUDA is there, at set-up
+        kind, colon, index = self.device.partition(":")
+        if kind not in ("cpu", "cuda") or (colon and not index.isdigit()):
+            raise ValueError(
+                f"unknown --device {self.device!r}: use cpu, cuda or cuda:N"
+            )

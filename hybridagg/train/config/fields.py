@@ -8,6 +8,7 @@ those cannot say: choices, a lower bound, a help text computed at import.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar
@@ -43,9 +44,17 @@ def option(
 
 
 def check_declared(cfg: Any, concern: type) -> None:
-    """The checks declared in ``concern``'s field metadata, on ``cfg``'s values."""
+    """The checks declared in ``concern``'s field metadata, on ``cfg``'s values.
+
+    Every float value must also be finite: argparse's ``float`` takes
+    ``nan`` and ``inf``, and comparisons with NaN are false, so a bound
+    check alone lets ``--lr inf`` or ``--momentum nan`` through to a run that
+    trains on NaN to the end.
+    """
     for f in fields(concern):
         value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{flag(f.name)} must be a finite number, got {value}")
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
             raise ValueError(

@@ -59,8 +59,31 @@ class CheckpointOptions(Concern):
     """updates between checkpoints"""
 
     resume: bool = False
-    """continue from the last checkpoint"""
+    """continue the run whose checkpoint in DIR is the newest, from its newest
+    checkpoint that loads (start fresh if DIR holds none)"""
+
+    overwrite_checkpoints: bool = False
+    """start a fresh run although DIR holds checkpoints of another run: they are
+    deleted when this run commits its first checkpoint (without this flag or
+    --resume such a run refuses to start)"""
+
+    accept_config_changes: bool = False
+    """with --resume: continue although the configuration differs from the
+    checkpoint's in a way that changes the training (--lr, --steps, --data, ...;
+    each difference is listed); without it such a resume refuses to start"""
 
     def _check(self) -> None:
-        if (self.checkpoint_every or self.resume) and not self.checkpoint:
-            raise ValueError("--checkpoint-every and --resume need --checkpoint DIR")
+        if (
+            self.checkpoint_every or self.resume or self.overwrite_checkpoints
+        ) and not self.checkpoint:
+            raise ValueError(
+                "--checkpoint-every, --resume and --overwrite-checkpoints need "
+                "--checkpoint DIR"
+            )
+        if self.resume and self.overwrite_checkpoints:
+            raise ValueError(
+                "--overwrite-checkpoints starts a fresh run; it cannot be combined "
+                "with --resume"
+            )
+        if self.accept_config_changes and not self.resume:
+            raise ValueError("--accept-config-changes needs --resume")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
 import torch
 
+from ...comm import solo
 from ...optimizer import DistributedOptimizer
 from ...topology import Topology
 from ..checkpoint import Checkpointer
@@ -72,7 +74,8 @@ class WorkerCheckpoints:
             if not number:
                 return
             t0 = time.perf_counter()
-            self.ck.write(number, self.part_state(number))
+            with self._solo(f"writing its part of checkpoint {number}"):
+                self.ck.write(number, self.part_state(number))
             self.topo.comms.group.barrier(what=f"group's parts of checkpoint {number}")
             opt.checkpointed(number)
             self._log(number, t0, opt.server_version)
@@ -101,12 +104,22 @@ class WorkerCheckpoints:
         if self.topo.rank == 0:
             state["model"] = self.model.state_dict()
             state["optimizer"] = self.optimizer.state_dict()
-        self.ck.write(number, state)
+        with self._solo(f"writing its part of checkpoint {number}"):
+            self.ck.write(number, state)
         self.topo.comms.workers.barrier(what=f"parts of checkpoint {number}")
         if self.topo.rank == 0:
-            self.ck.commit(number, manifest(self.cfg, self.topo, updates=opt.updates))
+            with solo(f"committing checkpoint {number}"):
+                self.ck.commit(
+                    number, manifest(self.cfg, self.topo, updates=opt.updates)
+                )
         self.last_update = opt.updates
         self._log(number, t0, opt.updates)
+
+    def _solo(self, name: str) -> contextlib.AbstractContextManager:
+        """Rank 0's part (the model and optimizer in sync mode) is the large
+        one the others wait for; the other workers' parts are small, and
+        announcing every rank's write to every rank would cost N^2 messages."""
+        return solo(name) if self.topo.rank == 0 else contextlib.nullcontext()
 
     def _log(self, number: int, t0: float, version: int) -> None:
         self.metrics.write(

@@ -23,6 +23,7 @@ def summarize(
     time_to_target_s: float | None,
     final_accuracy: float | None,
     resumed_from: Path | None,
+    run_id: str,
     resharded: dict | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
@@ -36,6 +37,7 @@ def summarize(
         time_to_target_s: Training seconds to ``--target-accuracy``.
         final_accuracy: The accuracy at the end.
         resumed_from: The checkpoint this run resumed from.
+        run_id: The run's id (its checkpoints' manifests carry it).
         resharded: ``{"from": sizes, "to": sizes}`` when it was written with
             other ranks, servers or groups (``None``: not resharded).
     """
@@ -79,6 +81,7 @@ def summarize(
         "lookahead_horizon": cfg.lookahead_horizon,
         "seed": cfg.seed,
         "resumed_from": str(resumed_from) if resumed_from else None,
+        "run_id": run_id,
         "resharded": resharded,
     }
 

@@ -6,6 +6,13 @@ data file or checkpoint stops every rank with one message. Then each step
 validation (:mod:`.validation`), the epoch count (:mod:`.epochs`),
 checkpoints (:mod:`.checkpoints`) and the stop signal (:mod:`.stopping`);
 at the end rank 0 merges the metrics and writes the summary (:mod:`.report`).
+
+A NaN or infinite loss or reduced gradient ends the step loop on every
+worker of the reduction at the same step (in hybrid and async mode the
+servers stop the other groups); the run then winds down as at its end, but
+writes no checkpoint and no summary, and every rank, servers included,
+raises the same :class:`~hybridagg.runtime.outcomes.NonFiniteError` after
+the world's run report (which carries the reason to every rank).
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ...comm import Comm
+from ...comm import Comm, solo
 from ...optimizer import broadcast_parameters
+from ...runtime.outcomes import NonFiniteError
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
 from ..checkpoint import Checkpointer
@@ -25,7 +33,9 @@ from ..common import rng_state
 from ..config import TrainConfig
 from ..elastic import ReshardPlan
 from ..emulation import Pacer
+from ..faults import at_step
 from ..metrics import MetricsWriter, merge_parts
+from ..resume import RunStart
 from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
 from .epochs import Epochs
@@ -36,7 +46,7 @@ from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
 from .validation import Validation
 
-__all__ = ["WorkerRole"]
+__all__ = ["WorkerRole", "raise_if_nonfinite"]
 
 T = TypeVar("T")
 
@@ -52,48 +62,67 @@ def _agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
     return value
 
 
+def raise_if_nonfinite(reports: list[dict]) -> None:
+    """Raise the run's :class:`NonFiniteError` if any rank's report names one.
+
+    Every rank (workers and servers) calls it on the same gathered reports,
+    so every rank raises the same error. A rank that found the NaN itself is
+    preferred over one that was told of it.
+
+    Raises:
+        NonFiniteError: The first such reason, by rank.
+    """
+    found = [r for r in reports if r.get("nonfinite")]
+    if not found:
+        return
+    own = [r for r in found if r.get("nonfinite_own")]
+    raise NonFiniteError((own or found)[0]["nonfinite"])
+
+
 class WorkerRole:
     """A worker rank's part of a training run.
 
     Args:
         cfg: The run's options.
         topo: The topology.
-        resume: The checkpoint to resume from (``None``: a fresh start).
-        manifest: Its manifest.
+        start: How the run starts (its id, the checkpoint it resumes from:
+            this worker's parts are already loaded, by the reshard plan).
+        ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
-        plan: How this run's ranks map to the checkpoint's (with ``resume``).
     """
 
     def __init__(
         self,
         cfg: TrainConfig,
         topo: Topology,
-        resume: Path | None,
-        manifest: dict | None,
+        start: RunStart,
+        ck: Checkpointer | None,
         stop: threading.Event,
-        plan: ReshardPlan | None = None,
     ) -> None:
-        self.cfg, self.topo, self.resume, self.manifest = cfg, topo, resume, manifest
-        self.stop, self.plan = stop, plan
+        self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
+        self.resumed = start.resumed
+        self.resume: Path | None = start.resumed.path if start.resumed else None
+        self.plan: ReshardPlan | None = start.resumed.plan if start.resumed else None
+        self.stop = stop
         self.rank = topo.rank
         self.world = topo.comms.world
+        self.nonfinite: str | None = None
+        """Why training stopped on a NaN or an infinity, naming the step."""
+        self.nonfinite_own = False
+        """Whether this worker's reduction found it (not told by the servers)."""
 
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
         cfg, topo, world = self.cfg, self.topo, self.world
-        local = _agreed(
-            world,
-            "set-up",
-            lambda: set_up_local(cfg, topo, self.resume, self.manifest, self.plan),
-        )
+        local = _agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
         self.model, self.optimizer = local.model, local.optimizer
         self.loader = _agreed(
-            world, "data", lambda: make_loader(cfg, topo, local, self.resume)
+            world, "data", lambda: make_loader(cfg, topo, local, self.resumed)
         )
         if local.part is None and not local.done_already:
             broadcast_parameters(self.model.state_dict(), 0, topo)
         self.metrics = MetricsWriter(cfg.metrics, self.rank)
-        ck = Checkpointer(cfg.checkpoint, self.rank) if cfg.checkpoint else None
+        ck = self.ck
         self.opt = make_distributed_optimizer(cfg, topo, local)
         world.barrier(what="start of training")
         start = time.perf_counter()
@@ -154,7 +183,7 @@ class WorkerRole:
             metrics=self.metrics,
             clock=self.clock,
             part_state=self._part_state,
-            number=int(self.resume.name.split("-")[1]) if self.resume else 0,
+            number=self.resumed.number if self.resumed else 0,
         )
 
     @property
@@ -191,11 +220,24 @@ class WorkerRole:
         bar = ProgressBar(cfg, self.rank, opt.server_version)
         if cfg.adaptive_batch and self.resume is None:
             self.adaptive.probe(self.model, loss_fn, pacer)
-        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal)
+        topo = self.topo
+        rows = (  # the world rank of each row of the shared values
+            list(range(topo.num_workers))
+            if cfg.mode == "sync"
+            else sorted(topo.groups[topo.group])
+        )
+        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal, rows)
+        fault = at_step(self.rank)  # tests only: a death or a hang at a step
         self.epochs.begin()
         while not self._budget_spent():
             result = stepper.step(self.epochs)
             self.log.record(result, self.epochs.done)
+            if result.nonfinite is not None:  # every rank of the reduction
+                self.nonfinite = f"step {self.log.steps}: {result.nonfinite}"
+                self.nonfinite_own = opt.nonfinite_here
+                break
+            if fault is not None:
+                fault(self.log.steps)
             signalled = self.signal.seen()
             if cfg.adaptive_batch:
                 self.adaptive.after_step()
@@ -220,34 +262,46 @@ class WorkerRole:
         self.epochs.close()
 
     def _finish(self) -> None:
-        self.checkpoints.write_last()
+        halted = self.nonfinite is not None or self.opt.nonfinite is not None
+        if not halted:  # (the last checkpoint stays the one to resume from)
+            self.checkpoints.write_last()
         self.end = time.perf_counter()
         self.final_version = self.opt.finish()
         self.loader.close()
-        self.validation.maybe_run(final=True)
+        if not halted:
+            self.validation.maybe_run(final=True)
 
     def _report(self) -> dict | None:
         cfg, topo, world = self.cfg, self.topo, self.world
         mine = self.log.report(self.end - self.clock.start)
+        if self.nonfinite is None and self.opt.nonfinite is not None:
+            # told by the servers at the end (e.g. in the pending exchange)
+            self.nonfinite = f"after step {self.log.steps}: {self.opt.nonfinite}"
+        mine["nonfinite"] = self.nonfinite
+        mine["nonfinite_own"] = self.nonfinite_own
         reports = world.allgather(mine, what="run report")
         self.metrics.close()
         world.barrier(what="metrics written")
         topo.comms.free()
+        if self.rank == 0 and cfg.metrics:
+            with solo("the final metrics merge"):
+                merge_parts(cfg.metrics, topo.world_size)
+        raise_if_nonfinite(reports)  # (the same on every rank)
         if self.rank != 0:
             return None
-        if cfg.metrics:
-            merge_parts(cfg.metrics, topo.world_size)
-        sync = cfg.mode == "sync"
-        summary = summarize(
-            cfg,
-            topo,
-            reports,
-            updates=self.opt.updates if sync else (self.final_version or 0),
-            epochs=self.epochs.done,
-            time_to_target_s=self.validation.first_target,
-            final_accuracy=self.validation.final_accuracy,
-            resumed_from=self.resume,
-            resharded=self.resharded,
-        )
-        publish(cfg, summary)
+        with solo("the summary"):
+            sync = cfg.mode == "sync"
+            summary = summarize(
+                cfg,
+                topo,
+                reports,
+                updates=self.opt.updates if sync else (self.final_version or 0),
+                epochs=self.epochs.done,
+                time_to_target_s=self.validation.first_target,
+                final_accuracy=self.validation.final_accuracy,
+                resumed_from=self.resume,
+                run_id=self.start.run_id,
+                resharded=self.resharded,
+            )
+            publish(cfg, summary)
         return summary

@@ -14,13 +14,12 @@ from ...ps.compensation import Compensation
 from ...runtime import envvars
 from ...topology import Topology
 from ..adaptive import server_batching
-from ..checkpoint import load_part
 from ..common import make_optimizer, seed_rng, set_rng_state
 from ..config import TrainConfig
-from ..elastic import ReshardPlan
 from ..evaluate import Evaluator
-from ..models import build_model
-from .resume import ResumedWorker, resumed_worker, window_blocks_for
+from ..models import build_model, check_fits, resolve_device
+from ..resume import Resumed
+from ..resume_parts import window_blocks_for
 
 __all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
 
@@ -40,61 +39,49 @@ class Local:
     """This rank's part of the checkpoint resumed from (made for it if it had none)."""
     done_already: bool = False
     """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
-    resumed: ResumedWorker | None = None
-    """Where its data position comes from (a resumed run)."""
 
 
-def set_up_local(
-    cfg: TrainConfig,
-    topo: Topology,
-    resume: Path | None,
-    manifest: dict | None,
-    plan: ReshardPlan | None = None,
-) -> Local:
-    """Build the model, its optimizer and (rank 0) the evaluator; load the resumed part.
+def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> Local:
+    """Build the model, its optimizer and (rank 0) the evaluator; restore the resumed part.
+
+    Args:
+        cfg: The run's options.
+        topo: The topology.
+        resumed: The checkpoint resumed from, its parts loaded
+            (:func:`~hybridagg.train.resume.start_run`); ``None``: fresh.
 
     Raises:
-        ValueError, TypeError, OSError: A bad model, data file or checkpoint.
+        ValueError, TypeError, OSError: A bad device, model (or one that does
+            not fit the data), data file or checkpoint.
     """
     torch.manual_seed(cfg.seed)
     info = load_split_info([cfg.data], "train")[0]
-    resumed = None
-    if resume is not None:
-        resumed = resumed_worker(
-            resume,
-            manifest,
-            plan,
-            topo.rank,
-            sync=cfg.mode == "sync",
-            group=topo.group,
-            seed=cfg.seed,
-        )
     window_blocks = window_blocks_for(info.length, info.block_samples, topo.num_workers)
     if resumed is not None:
         # the saved positions refer to the old run's sample order; a
         # checkpoint that did not record it was written at its own size
-        window_blocks = resumed.window_blocks or window_blocks_for(
-            info.length, info.block_samples, plan.old.workers
+        window_blocks = resumed.worker.window_blocks or window_blocks_for(
+            info.length, info.block_samples, resumed.plan.old.workers
         )
-    device = torch.device(cfg.device)
+    device = resolve_device(cfg.device, topo.rank)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
+    check_fits(model, info.sample_shape, info.num_classes, cfg.model, device)
     optimizer = make_optimizer(cfg, model)
     evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
-    local = Local(model, optimizer, device, evaluator, window_blocks, resumed=resumed)
+    local = Local(model, optimizer, device, evaluator, window_blocks)
     if resumed is None:
         return local
     local.part = resumed.part
-    if local.part is None:
+    if local.part is None:  # start_run checked that its group had finished
         local.done_already = True
         return local
     if cfg.mode == "sync":
-        first = local.part if topo.rank == 0 else load_part(resume, 0)
         try:
-            model.load_state_dict(first["model"])
-            optimizer.load_state_dict(first["optimizer"])
+            model.load_state_dict(resumed.first["model"])
+            optimizer.load_state_dict(resumed.first["optimizer"])
         except (RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(
-                f"checkpoint {resume} does not fit model {cfg.model!r}: {exc}"
+                f"checkpoint {resumed.path} does not fit model {cfg.model!r}: {exc}"
             ) from None
     if "rng" in local.part:
         set_rng_state(local.part["rng"])
@@ -104,7 +91,7 @@ def set_up_local(
 
 
 def make_loader(
-    cfg: TrainConfig, topo: Topology, local: Local, resume: Path | None
+    cfg: TrainConfig, topo: Topology, local: Local, resumed: Resumed | None
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
 
@@ -127,7 +114,6 @@ def make_loader(
     log = envvars.get_str("HYBRIDAGG_SAMPLE_LOG")
     if log:
         loader.log_samples(Path(log) / f"rank-{topo.rank:05d}.log")
-    resumed = local.resumed
     idle = {
         "kind": "dynamic",
         "epoch": 0,
@@ -138,13 +124,14 @@ def make_loader(
     }
     if resumed is None:
         return loader
-    if resumed.loader_states is not None:
+    worker = resumed.worker
+    if worker.loader_states is not None:
         # another number of workers: divide what no old worker consumed
         loader.load_resharded_state(
-            [s if s is not None else idle for s in resumed.loader_states]
+            [s if s is not None else idle for s in worker.loader_states]
         )
-    elif resumed.loader_state is not None:
-        loader.load_state_dict(resumed.loader_state)
+    elif worker.loader_state is not None:
+        loader.load_state_dict(worker.loader_state)
     elif cfg.mode != "sync":
         # a finished group still takes part in the collective resume
         loader.load_state_dict(idle)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,12 +16,24 @@ from .epochs import Epochs
 if TYPE_CHECKING:  # stopping reads the STOP column from here
     from .stopping import StopSignal
 
-__all__ = ["MORE", "SAMPLES", "SECONDS", "STOP", "StepResult", "Stepper", "loss_fn"]
+__all__ = [
+    "LOSS",
+    "MORE",
+    "SAMPLES",
+    "SECONDS",
+    "STOP",
+    "StepResult",
+    "Stepper",
+    "loss_fn",
+    "nonfinite_losses",
+]
 
 # Columns of the values every step shares (``opt.shared``: one row per worker
-# of the reduction): the stop signal, the step's seconds, its samples, and
-# whether the worker has batches left in the epoch (0: none).
-STOP, SECONDS, SAMPLES, MORE = range(4)
+# of the reduction): the stop signal, the step's seconds, its samples,
+# whether the worker has batches left in the epoch (0: none), and its loss
+# (0 without a batch), so a NaN or infinite loss anywhere stops every worker
+# of the reduction at the same step, at no extra collective.
+STOP, SECONDS, SAMPLES, MORE, LOSS = range(5)
 
 loss_fn = torch.nn.functional.cross_entropy
 """The training loss (also the batch probe's)."""
@@ -48,6 +61,29 @@ class StepResult:
     """Samples of the whole reduction (0: every worker in it ran out)."""
     staleness: int
     """Staleness of the update applied (0 in sync)."""
+    nonfinite: str | None = None
+    """What was not finite, if a loss or the reduced gradient was: no update
+    was applied and training stops (the same on every rank of the reduction)."""
+
+
+def nonfinite_losses(shared: torch.Tensor, ranks: list[int]) -> str | None:
+    """Which ranks' losses in the shared values are NaN or infinite, as a phrase.
+
+    Args:
+        shared: The shared values of one reduction, a row per rank.
+        ranks: The world rank of each row.
+
+    Returns:
+        ``"the loss of rank 1 is nan"`` (``None``: every loss is finite).
+    """
+    losses = shared[:, LOSS].tolist()
+    bad = [(r, v) for r, v in zip(ranks, losses, strict=True) if not math.isfinite(v)]
+    if not bad:
+        return None
+    if len(bad) == 1:
+        return f"the loss of rank {bad[0][0]} is {bad[0][1]}"
+    listed = ", ".join(f"rank {r}: {v}" for r, v in bad)
+    return f"the losses of {len(bad)} ranks are not finite ({listed})"
 
 
 class Stepper:
@@ -59,6 +95,8 @@ class Stepper:
         loader: The training loader (for its wait statistics and what is left).
         pacer: Sleeps each step to the emulated speed.
         signal: The stop signal, shared with every step.
+        ranks: The world rank of each worker of the reduction (the rows of
+            the shared values), for messages.
     """
 
     def __init__(
@@ -68,9 +106,10 @@ class Stepper:
         loader,
         pacer: Pacer,
         signal: StopSignal,
+        ranks: list[int],
     ) -> None:
         self.model, self.opt, self.loader = model, opt, loader
-        self.pacer, self.signal = pacer, signal
+        self.pacer, self.signal, self.ranks = pacer, signal, ranks
 
     def step(self, epochs: Epochs) -> StepResult:
         """Take the epoch's next batch (or none) through one update."""
@@ -92,9 +131,14 @@ class Stepper:
         slept = self.pacer.pace(n, compute)
         # static shares know when this worker's epoch ends; None: unknown (dynamic)
         more = 0.0 if loader.batches_left == 0 else 1.0
-        opt.share([self.signal.local(), compute + slept, float(n), more])
+        loss_out = 0.0 if loss_value is None else loss_value
+        opt.share([self.signal.local(), compute + slept, float(n), more, loss_out])
         t1 = time.perf_counter()
-        opt.step()
+        opt.synchronize()  # (checks the reduced gradient)
+        bad_loss = nonfinite_losses(opt.shared, self.ranks)
+        if bad_loss is not None:
+            opt.halt(bad_loss)
+        opt.step()  # (applies nothing once halted)
         comm_s = time.perf_counter() - t1
         return StepResult(
             samples=n,
@@ -106,4 +150,5 @@ class Stepper:
             data_wait_s=waited,
             total_samples=opt.last_total_samples,
             staleness=opt.last_staleness,
+            nonfinite=opt.nonfinite,
         )

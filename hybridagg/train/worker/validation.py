@@ -6,9 +6,11 @@ import time
 
 import torch
 
+from ...comm import solo
 from ...optimizer import DistributedOptimizer
 from ..config import EvaluationOptions
 from ..evaluate import Evaluator, load_flat
+from ..faults import slow_validation
 from ..metrics import MetricsWriter
 from .clock import TrainClock
 
@@ -65,13 +67,17 @@ class Validation:
             return
         self._last_bucket = bucket
         t0 = time.perf_counter()
-        if self.sync or final:
-            model = self.model
-        else:
-            weights, buffers = opt.pull_state()
-            model = self.evaluator.scratch(self.model)
-            load_flat(model, weights, buffers)
-        accuracy, loss = self.evaluator.evaluate(model)
+        # the others may wait for rank 0 meanwhile: a declared solo phase
+        # keeps their waits from timing out, under its own deadline
+        with solo("validation"):
+            if self.sync or final:
+                model = self.model
+            else:
+                weights, buffers = opt.pull_state()
+                model = self.evaluator.scratch(self.model)
+                load_flat(model, weights, buffers)
+            accuracy, loss = self.evaluator.evaluate(model)
+            slow_validation()  # tests only
         seconds = time.perf_counter() - t0
         self.clock.eval_seconds += seconds
         train_time = self.clock.train_time()
