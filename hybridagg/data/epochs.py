@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from .files import SplitFiles
@@ -12,6 +13,7 @@ from .options import LoaderOptions
 from .pipeline import Job, generate
 from .position import PassPosition
 from .readahead import STOP, ReadAhead
+from .samplelog import SampleLog
 from .share_policy import SharePolicy
 from .shares import EpochPlan
 from .split import AgreedSplit
@@ -54,6 +56,7 @@ class EpochLoop:
         self.epoch = options.epoch
         self.position = PassPosition()
         self._plan: EpochPlan | None = None
+        self.sample_log: SampleLog | None = None
 
     def run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One pass over ``self.epoch`` (a generator: nothing starts before ``next``).
@@ -70,7 +73,9 @@ class EpochLoop:
                 item = self.readahead.next()
                 if item is STOP:
                     break
-                x, y = item
+                x, y = item[0], item[1]
+                if self.sample_log is not None:
+                    self.sample_log.record(self.epoch, item[2])
                 if device.type != "cpu":
                     x = x.to(device, non_blocking=True)
                     y = y.to(device, non_blocking=True)
@@ -133,6 +138,11 @@ class EpochLoop:
                 dtype=info.dtype,
                 pinned=opts.device.type == "cuda",
                 norm=(info.norm_mean, info.norm_std) if opts.normalize else None,
+                id_offsets=(
+                    None
+                    if self.sample_log is None
+                    else np.cumsum([0, *self.split.lengths[:-1]], dtype=np.int64)
+                ),
             ),
             read_ahead=self.readahead.threaded,
         )

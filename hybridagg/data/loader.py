@@ -32,6 +32,7 @@ import torch
 
 from .options import LoaderOptions
 from .parts import LoaderParts, PartAttribute
+from .samplelog import SampleLog
 from .split import load_split_info
 from .stats import LoaderStats
 
@@ -288,6 +289,29 @@ class HDF5Loader:
         if parts.policy.set_batch_sizes(batch_sizes, parts.epochs.position):
             parts.epochs.recut()
 
+    def log_samples(self, path: str | os.PathLike) -> SampleLog:
+        """From the next pass on, append the ids of every batch handed out to ``path``.
+
+        One line per batch: the epoch, then the ids of its samples (row in
+        the split, counted across its files in order); see
+        :mod:`~hybridagg.data.samplelog`. Meant for checking which samples
+        a run consumed (tests, debugging); the log is closed with the loader.
+
+        Returns:
+            The log (its :meth:`~hybridagg.data.samplelog.SampleLog.mark`
+            records events between batches).
+        """
+        epochs = self._parts.epochs
+        if epochs.sample_log is not None:
+            epochs.sample_log.close()
+        epochs.sample_log = SampleLog(path)
+        return epochs.sample_log
+
+    @property
+    def sample_log(self) -> SampleLog | None:
+        """The log of :meth:`log_samples`, or ``None``."""
+        return self._parts.epochs.sample_log
+
     # --- position -------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where this worker is in the data, to resume from (plain numbers and lists).
@@ -314,6 +338,29 @@ class HDF5Loader:
         if epochs.position.active:
             raise ValueError("load_state_dict() while the loader is being iterated")
         epochs.epoch = self._parts.policy.load_state_dict(state)
+
+    def load_resharded_state(self, states: Sequence[dict]) -> None:
+        """Continue from positions saved by another number of workers (collective).
+
+        Every worker passes the same list: the :meth:`state_dict` of every
+        old worker, in old worker order (a worker that saved none, such as
+        one of a finished group, passes a dynamic state whose ``counter`` is
+        ``None``). The samples of the saved epoch that no old worker had
+        consumed are divided among this loader's workers: none is read
+        twice, none is skipped. The epoch's sample order depends on
+        ``window_blocks``: use the old run's.
+
+        Raises:
+            ValueError: States of the other kind of shares, states that
+                disagree on the windows per epoch, or a loader that is being
+                iterated.
+        """
+        epochs = self._parts.epochs
+        if epochs.position.active:
+            raise ValueError(
+                "load_resharded_state() while the loader is being iterated"
+            )
+        epochs.epoch = self._parts.policy.load_resharded(list(states))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # a generator of the loader's own, so iterating keeps the loader alive

@@ -202,6 +202,8 @@ class LoaderParts:
         """
         if self.epochs is not None:
             self.epochs.readahead.stop()
+            if self.epochs.sample_log is not None:
+                self.epochs.sample_log.close()
         if self.policy is not None:
             self.policy.free()
         if self.files is not None:

@@ -51,6 +51,8 @@ class Job:
         dtype: Sample dtype.
         pinned: Cut batches into pinned memory (for a CUDA device).
         norm: ``(mean, std)`` to normalise with, or ``None``.
+        id_offsets: First sample id of each file: batches then carry the
+            ids of their samples as a third item (``None``: they do not).
     """
 
     plan: EpochPlan
@@ -66,10 +68,11 @@ class Job:
     dtype: np.dtype
     pinned: bool
     norm: tuple[np.ndarray, np.ndarray] | None
+    id_offsets: np.ndarray | None = None
 
 
 def _read_windows(job: Job, pool: queue.Queue | None) -> Iterator[tuple]:
-    """Read the windows the pieces touch; yield ``(xbuf, xt, ybuf, perm, lo, hi)``.
+    """Read the windows the pieces touch; yield ``(xbuf, ybuf, idbuf, perm, lo, hi)``.
 
     With a buffer ``pool`` each window is read into a free buffer taken from
     it (the consumer gives buffers back), so windows can be read ahead;
@@ -91,9 +94,16 @@ def _read_windows(job: Job, pool: queue.Queue | None) -> Iterator[tuple]:
                 stats.windows += 1
                 calls += 1
                 ybuf = np.concatenate([job.labels[f][s:c] for f, s, c in blocks])
+                idbuf = (
+                    None
+                    if job.id_offsets is None
+                    else np.concatenate(
+                        [np.arange(s, c) + job.id_offsets[f] for f, s, c in blocks]
+                    )
+                )
                 perm = torch.from_numpy(plan.window_perm(g))
                 current = g
-            yield xbuf, ybuf, perm, lo, hi
+            yield xbuf, ybuf, idbuf, perm, lo, hi
     finally:
         # collective reads: every worker makes the same number of calls, also
         # when stopped early; the missing ones join with an empty selection
@@ -178,10 +188,11 @@ def generate(job: Job, *, read_ahead: bool = False) -> Iterator[Any]:
     """
     b = job.batch[0]
     x, y, fill, done = _new_batch(job, b), np.empty(b, np.int64), 0, 0
+    ids = np.empty(b, np.int64) if job.id_offsets is not None else None
     windows = _read_ahead(job) if read_ahead else _read_windows(job, None)
     xt_cache: tuple[Any, torch.Tensor] | None = None
     try:
-        for xbuf, ybuf, perm, lo, hi in windows:
+        for xbuf, ybuf, idbuf, perm, lo, hi in windows:
             if xt_cache is None or xt_cache[0] is not xbuf:
                 xt_cache = (xbuf, torch.from_numpy(xbuf))
             xt = xt_cache[1]
@@ -192,19 +203,22 @@ def generate(job: Job, *, read_ahead: bool = False) -> Iterator[Any]:
                     xt, 0, idx[:k], out=torch.from_numpy(x[fill : fill + k])
                 )
                 y[fill : fill + k] = ybuf[idx[:k].numpy()]
+                if ids is not None:
+                    ids[fill : fill + k] = idbuf[idx[:k].numpy()]
                 fill, idx = fill + k, idx[k:]
                 if fill == b:
-                    yield _finish(job, x, y, fill)
+                    yield _finish(job, x, y, fill, ids)
                     done += 1
                     b = job.batch[0]
                     x, y, fill = _new_batch(job, b), np.empty(b, np.int64), 0
+                    ids = np.empty(b, np.int64) if ids is not None else None
         # static shares: every worker takes the same number of steps, so a
         # worker whose share ran out early returns a short or empty batch
         if fill or (job.steps is not None and done < job.steps):
-            yield _finish(job, x, y, fill)
+            yield _finish(job, x, y, fill, ids)
             done += 1
         while job.steps is not None and done < job.steps:
-            yield _finish(job, x, y, 0)
+            yield _finish(job, x, y, 0, ids)
             done += 1
     finally:
         windows.close()
@@ -220,8 +234,9 @@ def _new_batch(job: Job, b: int) -> np.ndarray:
 
 
 def _finish(
-    job: Job, x: np.ndarray, y: np.ndarray, n: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    job: Job, x: np.ndarray, y: np.ndarray, n: int, ids: np.ndarray | None = None
+) -> tuple:
+    """The batch of the first ``n`` rows: ``(x, y)``, with ``ids`` ``(x, y, ids)``."""
     xt, yt = torch.from_numpy(x[:n]), torch.from_numpy(y[:n].copy())
     if job.norm is not None:
         mean, std = job.norm
@@ -232,6 +247,8 @@ def _finish(
             ) / torch.from_numpy(std).reshape(view)
         else:
             xt = (xt.to(torch.float32) - float(mean[0])) / float(std[0])
+    if ids is not None:
+        return xt, yt, ids[:n].copy()
     return xt, yt
 
 

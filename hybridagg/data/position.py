@@ -21,6 +21,10 @@ no snapshot accounts for them) are found as the gaps in ``[min counter, max
 counter)`` and handed out again; the counter continues from the maximum.
 Nothing is lost; a chunk is read twice only if a checkpoint's snapshots span
 more than an epoch.
+
+A run resumed with another number of workers (:func:`reshard_dynamic`)
+merges the old workers' states the same way, then deals every piece no old
+worker consumed to the new workers; the counter continues from where it was.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "counter_pieces",
     "merge_states",
     "remaining_pieces",
+    "reshard_dynamic",
     "snapshot",
 ]
 
@@ -198,3 +203,46 @@ def merge_states(states: Sequence[dict]) -> tuple[list[list[Carried]], list[int]
     for s, mine in zip(states, carry, strict=True):
         epochs.append(min([int(s["epoch"])] + [p[0] for p in mine]))
     return carry, epochs, top
+
+
+def reshard_dynamic(
+    states: Sequence[dict], workers: int
+) -> tuple[list[list[Carried]], int, int]:
+    """Old workers' positions dealt to ``workers`` new workers.
+
+    The old states are merged as for a resume at the same size
+    (:func:`merge_states`: what each old worker held unread, plus the chunks
+    drawn after some worker's snapshot), so the pool is exactly the pieces
+    of the saved epochs that no old worker consumed. They are dealt round
+    robin in stream order (epoch, window, row), so the new workers get
+    similar amounts and read in a similar order; the rest of the epoch
+    comes from the shared counter as before, which continues from the
+    merged value. Every new worker starts at one epoch, the oldest one that
+    still has unconsumed pieces or a running old worker: a worker never
+    drops a piece of an epoch before its own (:meth:`DynamicTrack.start_epoch`
+    keeps later ones), and one whose first draw lies in a later epoch keeps
+    it for that epoch's pass.
+
+    Args:
+        states: One :func:`snapshot` per old worker (old worker order; a
+            worker of a finished group passes a state with counter ``None``).
+        workers: Number of new workers.
+
+    Returns:
+        ``(carry per new worker, epoch of every new worker, counter)``.
+
+    Raises:
+        ValueError: No states, states that disagree on the windows per
+            epoch, or ``workers`` below 1.
+    """
+    if workers < 1:
+        raise ValueError(f"need at least one worker to resume, got {workers}")
+    carry, epochs, counter = merge_states(states)
+    pool = sorted(p for mine in carry for p in mine)
+    active = [int(s["epoch"]) for s in states if s["counter"] is not None]
+    candidates = [p[0] for p in pool] + active
+    epoch = min(candidates) if candidates else max(epochs)
+    dealt: list[list[Carried]] = [[] for _ in range(workers)]
+    for k, piece in enumerate(pool):
+        dealt[k % workers].append(piece)
+    return dealt, epoch, counter

@@ -26,6 +26,7 @@ from .position import (
     Piece,
     counter_pieces,
     merge_states,
+    reshard_dynamic,
     snapshot,
 )
 from .shares import (
@@ -34,6 +35,7 @@ from .shares import (
     LocalCounter,
     WindowCounter,
     drop_prefix,
+    reshard_static,
     resplit_static,
     split_static,
 )
@@ -107,6 +109,9 @@ class SharePolicy(Protocol):
 
     def load_state_dict(self, state: dict) -> int:
         """Continue from :meth:`state_dict`'s result; returns the epoch."""
+
+    def load_resharded(self, states: Sequence[dict]) -> int:
+        """Continue from every old worker's state, saved by another number of workers."""
 
     def free(self) -> None:
         """Release what the policy holds (collective where it holds MPI)."""
@@ -235,6 +240,28 @@ class StaticShares:
         self._resume = (shares, int(state["steps_left"]))
         return epoch
 
+    def load_resharded(self, states: Sequence[dict]) -> int:
+        """Local: the unread rest of the old shares is cut for these workers.
+
+        Every old worker saved the same state (saving is collective), so the
+        first is taken. The old workers' batch sizes (adaptive batching may
+        have moved them) mean nothing for other workers: the rest is cut by
+        this loader's batch sizes (:func:`~hybridagg.data.shares.reshard_static`).
+        """
+        if not states:
+            raise ValueError("no loader states to resume from")
+        state = states[0]
+        _check_kind(state, self.kind)
+        epoch = int(state["epoch"])
+        if state.get("shares") is None:
+            self._resume = None
+            return epoch
+        shares = [[tuple(iv) for iv in share] for share in state["shares"]]
+        self._resume = reshard_static(
+            shares, self.batch_sizes, drop_last=self.drop_last
+        )
+        return epoch
+
     def free(self) -> None:
         """Nothing to free."""
 
@@ -336,6 +363,30 @@ class DynamicShares:
             track.carry, track.stash, track.taken = carry[self.rank], None, []
             track.epoch, track.yielded = epochs[self.rank], []
         return epochs[self.rank]
+
+    def load_resharded(self, states: Sequence[dict]) -> int:
+        """Collective (the counter): the pieces no old worker consumed are dealt anew.
+
+        Every worker passes the same states, so every worker computes the
+        same deal (:func:`~hybridagg.data.position.reshard_dynamic`) and
+        takes its own share of it.
+        """
+        if not states:
+            raise ValueError("no loader states to resume from")
+        for state in states:
+            _check_kind(state, self.kind)
+            if int(state["n_windows"]) != self.track.n_windows:
+                raise ValueError(
+                    f"loader state has {state['n_windows']} windows per epoch, this "
+                    f"loader {self.track.n_windows} (another window_blocks?)"
+                )
+        carry, epoch, counter = reshard_dynamic(states, self.workers)
+        self.counter.set(counter)
+        track = self.track
+        with track.lock:
+            track.carry, track.stash, track.taken = carry[self.rank], None, []
+            track.epoch, track.yielded = epoch, []
+        return epoch
 
     def free(self) -> None:
         """Free the counter (collective over the workers)."""

@@ -42,6 +42,7 @@ __all__ = [
     "drop_prefix",
     "intervals_length",
     "make_blocks",
+    "reshard_static",
     "resplit_static",
     "split_static",
 ]
@@ -273,6 +274,32 @@ def resplit_static(
     pool: list[Interval] = []
     for share, k in zip(shares, consumed, strict=True):
         pool += drop_prefix(share, int(k))
+    return split_static(pool, batch_sizes, drop_last=drop_last)
+
+
+def reshard_static(
+    shares: Sequence[Sequence[Interval]],
+    batch_sizes: Sequence[int],
+    *,
+    drop_last: bool = False,
+) -> tuple[list[list[Interval]], int]:
+    """Cut the unread rest of an epoch saved by some workers for other workers.
+
+    A static position (:meth:`StaticShares.state_dict
+    <hybridagg.data.share_policy.StaticShares.state_dict>`) holds the unread
+    rest of every old worker's share; those samples, and only those, are
+    pooled in old worker order and cut for the new workers' batch sizes, so
+    the epoch continues with every sample read exactly once, whatever the
+    number of workers before and after.
+
+    Args:
+        shares: The unread rest of each old worker's share.
+        batch_sizes: The new workers' batch sizes (one per new worker).
+
+    Returns:
+        As :func:`split_static`, over what is left.
+    """
+    pool = [tuple(iv) for share in shares for iv in share]
     return split_static(pool, batch_sizes, drop_last=drop_last)
 
 

@@ -57,6 +57,7 @@ from .failures import LeaderLost
 from .handler import RequestHandler
 from .lookahead import Lookahead
 from .replies import ReplySender
+from .reshard import ShardSource
 from .spec import ServerSpec
 from .staleness import GroupBook
 from .store import ShardStore
@@ -159,6 +160,7 @@ class _Server:
         on_drop: Callable[[int, int], None] | None = None,
         poll: Callable[[], object] | None = None,
         fault: Callable[[int], None] | None = None,
+        reshard: ShardSource | None = None,
     ) -> None:
         self.ps = ps = topology.comms.leaders.dup("ps")
         self.drop_lost, self.poll = drop_lost, poll
@@ -170,6 +172,8 @@ class _Server:
             0, P.INIT, what="parameter-server start-up from rank 0"
         )
         self.store = store = ShardStore(spec)
+        if reshard is not None:
+            restore = reshard.restore(spec, store, groups)
         updates = None
         if restore is not None:
             store.load(restore["shard"])
@@ -370,6 +374,7 @@ def serve(
     poll: Callable[[], object] | None = None,
     final_to: Callable[[ServerStats], int | None] | None = None,
     fault: Callable[[int], None] | None = None,
+    reshard: ShardSource | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -386,6 +391,9 @@ def serve(
         stop_requested: Server 0: polled; true makes every group stop after
             a final checkpoint (e.g. set by a SIGTERM handler).
         restore: A ``state`` this server saved before: continue from it.
+        reshard: A checkpoint written by another number of servers: rebuild
+            this server's shard from the old parts it overlaps
+            (:mod:`hybridagg.ps.reshard`) and continue from it.
         on_ready: Called once the server holds its shard, before it serves
             (the training driver starts its clock there).
         on_batch: Server 0 with adaptive batching: ``f(version, decision)``
@@ -407,6 +415,8 @@ def serve(
     Raises:
         ValueError: This rank is not a server, or ``restore`` does not fit.
     """
+    if restore is not None and reshard is not None:
+        raise ValueError("serve() takes restore= or reshard=, not both")
     if not topology.is_server:
         raise ValueError(f"rank {topology.rank} is a worker, not a parameter server")
     if checkpoint_every is not None and checkpoint_every < 1:
@@ -424,6 +434,7 @@ def serve(
         on_drop,
         poll,
         fault,
+        reshard,
     )
     if on_ready is not None:
         on_ready()

@@ -17,7 +17,7 @@ from itertools import pairwise
 
 from ..collectives.partition import even_bounds
 
-__all__ = ["Piece", "part_ranges", "pieces_of", "shard_ranges"]
+__all__ = ["Piece", "optimizer_order", "part_ranges", "pieces_of", "shard_ranges"]
 
 
 def shard_ranges(total: int, shards: int) -> list[tuple[int, int]]:
@@ -89,3 +89,37 @@ def part_ranges(length: int, part_elems: int) -> list[tuple[int, int]]:
         return []
     bounds = even_bounds(length, -(-length // part_elems))
     return list(pairwise(bounds))
+
+
+def optimizer_order(
+    numels: list[int], group_of: list[int], lo: int, hi: int
+) -> list[tuple[int, list[tuple[int, int]]]]:
+    """How the optimizer of the flat range ``[lo, hi)`` sees its pieces.
+
+    A server part's optimizer has one parameter group per user group that
+    has a piece in the range, in increasing group order, each holding its
+    pieces in model order; its ``state_dict`` numbers the pieces in that
+    order. The store builds its optimizers from this, and resharding reads
+    saved optimizer states by it, so both agree on which state is whose.
+
+    Args:
+        numels: Elements of each parameter (model order).
+        group_of: The user's parameter group of each parameter.
+        lo: First element of the range in the flat model.
+        hi: One past its last element.
+
+    Returns:
+        ``[(user group, [(start, stop) of each piece in the flat model]), ...]``.
+    """
+    by_group: dict[int, list[tuple[int, int]]] = {}
+    base = 0
+    starts = []
+    for n in numels:
+        starts.append(base)
+        base += n
+    for piece in pieces_of(numels, lo, hi):
+        start = starts[piece.param] + piece.start
+        by_group.setdefault(group_of[piece.param], []).append(
+            (start, start + piece.numel)
+        )
+    return [(g, by_group[g]) for g in sorted(by_group)]

@@ -7,7 +7,7 @@ import torch
 
 from ..comm import alloc
 from .compensation import lookahead_factor
-from .shards import part_ranges, pieces_of
+from .shards import optimizer_order, part_ranges
 from .spec import ServerSpec
 
 __all__ = ["ShardStore"]
@@ -33,21 +33,30 @@ class ShardStore:
         self.grad = alloc(initial.numel(), initial.dtype)
         self.version = 0
         lo, hi = spec.shard_range
+        self.shard_range = (int(lo), int(hi))
+        # the whole flat model's elements (a checkpoint records the cut)
+        self.elements = int(sum(spec.numels))
         self.parts = part_ranges(hi - lo, spec.part_elems)
         # per part: its optimizer and the user's group of each of its groups
         self.optimizers: list[tuple[torch.optim.Optimizer, list[int]] | None] = []
+        # per part: the flat-model range of each optimizer parameter, in the
+        # order of its state_dict (what resharding reads states by)
+        self.layout: list[list[tuple[int, int]]] = []
         for a, b in self.parts:
-            by_group: dict[int, list[torch.nn.Parameter]] = {}
-            for piece in pieces_of(spec.numels, lo + a, lo + b):
-                start = a + piece.offset
-                param = torch.nn.Parameter(self.flat[start : start + piece.numel])
-                param.grad = self.grad[start : start + piece.numel]
-                by_group.setdefault(spec.group_of[piece.param], []).append(param)
-            groups = sorted(by_group)
-            if not groups:
+            order = optimizer_order(spec.numels, spec.group_of, lo + a, lo + b)
+            self.layout.append([r for _, ranges in order for r in ranges])
+            if not order:
                 self.optimizers.append(None)
                 continue
-            hyper = [{**spec.hyper[g], "params": by_group[g]} for g in groups]
+            hyper = []
+            for g, ranges in order:
+                params = []
+                for start, stop in ranges:
+                    param = torch.nn.Parameter(self.flat[start - lo : stop - lo])
+                    param.grad = self.grad[start - lo : stop - lo]
+                    params.append(param)
+                hyper.append({**spec.hyper[g], "params": params})
+            groups = [g for g, _ in order]
             self.optimizers.append((spec.optimizer(hyper, **spec.defaults), groups))
         self.buffers = (
             torch.as_tensor(np.asarray(spec.buffers)).clone()
@@ -108,14 +117,29 @@ class ShardStore:
                 out[start : start + param.numel()].sub_(buf.reshape(-1), alpha=alpha)
 
     def state(self) -> dict:
-        """The shard's weights, buffers and optimizer states (copies), for a checkpoint."""
+        """The shard's weights, buffers and optimizer states (copies), for a checkpoint.
+
+        ``range``, ``parts`` and ``elements`` (the whole flat model's) record
+        how this shard was cut, so that a run with another number of servers
+        can find each piece's state (:mod:`hybridagg.ps.reshard`).
+        """
         return {
             "flat": self.flat.clone(),
             "buffers": None if self.buffers is None else self.buffers.clone(),
             "optimizers": [
                 None if e is None else e[0].state_dict() for e in self.optimizers
             ],
+            "range": list(self.shard_range),
+            "parts": [[a, b] for a, b in self.parts],
+            "elements": self.elements,
         }
+
+    def fresh_param_groups(self) -> list[list[dict] | None]:
+        """Each part's optimizer ``param_groups`` as ``state_dict`` writes them."""
+        return [
+            None if e is None else e[0].state_dict()["param_groups"]
+            for e in self.optimizers
+        ]
 
     def load(self, state: dict) -> None:
         """Continue from a :meth:`state` saved before.

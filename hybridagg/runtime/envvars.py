@@ -266,6 +266,15 @@ _DECLARED = [
         "tests",
     ),
     EnvVar(
+        "HYBRIDAGG_SAMPLE_LOG",
+        None,
+        "A folder: each worker of hybridagg train appends the ids of the samples "
+        "its loop receives to rank-RRRRR.log there (one line per batch: epoch, "
+        "ids), and a '# checkpoint N' line when it writes its part of "
+        "checkpoint N; for checking that a resumed run reads each sample once.",
+        "tests",
+    ),
+    EnvVar(
         "HYBRIDAGG_TEST_RESULTS",
         None,
         "Test harness only: folder where each rank of a multi-rank test writes "

@@ -12,12 +12,14 @@ import torch
 from ..topology import Topology
 from .config import OptimOptions, TrainConfig
 from .config.changes import ConfigChange, config_changes, refusal
+from .elastic import Layout, ReshardPlan, reshard_plan
 
 __all__ = [
     "check_manifest",
     "make_optimizer",
     "manifest",
     "rng_state",
+    "seed_rng",
     "set_rng_state",
     "warm_up_optimizer",
 ]
@@ -43,21 +45,23 @@ def _defaults() -> dict:
 
 def check_manifest(
     saved: dict, cfg: TrainConfig, topo: Topology, path: Path
-) -> list[ConfigChange]:
+) -> tuple[list[ConfigChange], ReshardPlan]:
     """Whether this run may resume the checkpoint at ``path``, whose manifest is ``saved``.
 
     The configuration is compared field by field
     (:func:`~hybridagg.train.config.changes.config_changes`): a changed
     mode is refused, other changes that alter training are refused unless
-    ``--accept-config-changes``; then the topology (world size, servers,
-    groups) must be the one the checkpoint was written on.
+    ``--accept-config-changes``. The topology (world size, servers, groups)
+    may differ: :func:`~hybridagg.train.elastic.reshard_plan` maps the
+    checkpoint's ranks onto this run's.
 
     Returns:
         The differences accepted (``--accept-config-changes``, topology
-        flags), for a notice.
+        flags), for a notice, and the plan of what each rank continues from.
 
     Raises:
-        ValueError: One message naming every refused difference.
+        ValueError: One message naming every refused difference, or a
+            manifest that does not record a valid layout.
     """
     after = cfg.as_dict()
     before = saved.get("config")
@@ -68,15 +72,7 @@ def check_manifest(
     why = refusal(changes, accept=cfg.accept_config_changes, where=f"checkpoint {path}")
     if why is not None:
         raise ValueError(why)
-    # Until parts can be resharded, the resolved topology must be the same.
-    mine = manifest(cfg, topo)
-    for key in ("world_size", "servers", "groups"):
-        if saved.get(key) != mine[key]:
-            raise ValueError(
-                f"checkpoint {path} was written by a run with {key}={saved.get(key)!r}; "
-                f"this run has {key}={mine[key]!r}"
-            )
-    return changes
+    return changes, reshard_plan(saved, Layout.of(topo), path)
 
 
 def rng_state() -> dict:
@@ -86,6 +82,12 @@ def rng_state() -> dict:
             np.frombuffer(np.random.get_state()[1].tobytes(), dtype=np.uint8).copy()
         ),
     }
+
+
+def seed_rng(seed: int) -> None:
+    """Seed torch's and numpy's global generators (a worker without a saved state)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
 
 
 def set_rng_state(state: dict) -> None:

@@ -8,7 +8,9 @@ checkpoint and log (:class:`~hybridagg.train.worker.WorkerRole`). Whether
 the run starts fresh or resumes, and from which checkpoint, is decided first
 (:mod:`~hybridagg.train.resume`). Errors in the set-up (a bad data file, a
 checkpoint folder of another run, a changed configuration) become the same
-error on every rank before any training collective starts.
+error on every rank before any training collective starts. A checkpoint
+written with other ranks, servers or groups is resharded
+(:mod:`~hybridagg.train.elastic`).
 
 A :class:`~hybridagg.comm.Heartbeat` runs for the whole run: a dead or stuck
 rank is found within ``HYBRIDAGG_FAILURE_TIMEOUT`` and every rank exits 5,

@@ -13,8 +13,13 @@ message (exit 2):
   last, newest first (:func:`~hybridagg.train.checkpoint.resume_candidates`).
   For each: its manifest must be readable and its configuration acceptable
   (:func:`~hybridagg.train.common.check_manifest`; a refused configuration
-  stops the run, it does not fall back), then every rank loads the parts it
-  needs and the world agrees whether all did. The first that loads
+  stops the run, it does not fall back; another number of ranks, servers or
+  groups is accepted and resharded, :mod:`~hybridagg.train.elastic`), then
+  every rank loads the parts it needs by the reshard plan
+  (:mod:`~hybridagg.train.resume_parts`: a worker its own old part or one
+  made from the lowest old worker's, and every old worker's data position
+  when the number of workers changed; a server the old server parts its
+  shard overlaps) and the world agrees whether all did. The first that loads
   everywhere is resumed, with a warning on rank 0 naming each newer one
   that did not and why; if none loads, the run stops. The run keeps the id
   of the run it resumes.
@@ -38,6 +43,8 @@ from .checkpoint import (
 )
 from .common import check_manifest
 from .config import TrainConfig
+from .elastic import ReshardPlan
+from .resume_parts import ResumedServer, ResumedWorker, resumed_server, resumed_worker
 
 __all__ = ["Resumed", "RunStart", "start_run"]
 
@@ -51,15 +58,26 @@ class Resumed:
     Attributes:
         path: The checkpoint directory.
         manifest: Its manifest.
-        part: This rank's part (``None``: it wrote none, its group had
-            finished; hybrid and async).
+        plan: How this run's ranks map to the checkpoint's (it says
+            whether and how the run is resharded).
+        worker: Workers: the part it continues from (``part`` ``None``:
+            its group had finished; hybrid and async) and its data position.
         first: Sync workers: rank 0's part (the model and the optimizer).
+        server: Servers: its old part's state, or the old parts its shard
+            is rebuilt from.
     """
 
     path: Path
     manifest: dict
-    part: dict | None
+    plan: ReshardPlan
+    worker: ResumedWorker | None = None
     first: dict | None = None
+    server: ResumedServer | None = None
+
+    @property
+    def part(self) -> dict | None:
+        """A worker's part (own, or made for it; ``None``: its group had finished)."""
+        return None if self.worker is None else self.worker.part
 
     @property
     def number(self) -> int:
@@ -114,29 +132,36 @@ def _plan(cfg: TrainConfig) -> tuple[str, list[tuple[str, dict | None, str | Non
     return new_run_id(), [(str(e.path), e.manifest, e.error) for e in found]
 
 
-def _load_mine(cfg: TrainConfig, topo: Topology, path: Path, manifest: dict) -> Resumed:
-    """Load the parts this rank needs from ``path``.
+def _load_mine(
+    cfg: TrainConfig, topo: Topology, path: Path, manifest: dict, plan: ReshardPlan
+) -> Resumed:
+    """Load the parts this rank needs from ``path``, by the reshard plan.
 
     Raises:
         ValueError: A part is missing, truncated or corrupt.
     """
-    rank = topo.rank
-    part = load_part(path, rank)
     if topo.is_server:
-        if part is None or "server" not in part:
-            raise ValueError(f"checkpoint {path} has no part for server rank {rank}")
-        return Resumed(path, manifest, part)
-    if part is None:
-        done = manifest.get("done_groups", [])
-        if cfg.mode == "sync" or topo.group not in done:
-            raise ValueError(f"checkpoint {path} has no part for rank {rank}")
-        return Resumed(path, manifest, None)
+        server = resumed_server(
+            path, manifest, plan, topo.servers.index(topo.rank), topo.num_groups
+        )
+        return Resumed(path, manifest, plan, server=server)
+    worker = resumed_worker(
+        path,
+        manifest,
+        plan,
+        topo.rank,
+        sync=cfg.mode == "sync",
+        group=topo.group,
+        seed=cfg.seed,
+    )
     first = None
     if cfg.mode == "sync":
-        first = part if rank == 0 else load_part(path, 0)
-        if first is None:
+        # rank 0 is old worker 0 at any size: its part holds the model
+        own = worker.part if topo.rank == 0 else None
+        first = own if own is not None else load_part(path, 0)
+        if first is None or "model" not in first:
             raise ValueError(f"checkpoint {path} has no part for rank 0")
-    return Resumed(path, manifest, part, first)
+    return Resumed(path, manifest, plan, worker, first)
 
 
 def _agree(world: Comm, error: BaseException | None, what: str) -> None:
@@ -169,22 +194,22 @@ def start_run(cfg: TrainConfig, topo: Topology) -> RunStart:
         if manifest is None:  # the same verdict everywhere: rank 0 read it
             failed.append((path.name, error or "unreadable manifest"))
             continue
-        err, accepted = None, []
+        err, accepted, plan = None, [], None
         try:
-            accepted = check_manifest(manifest, cfg, topo, path)
+            accepted, plan = check_manifest(manifest, cfg, topo, path)
         except ValueError as exc:
             err = exc
         _agree(world, err, "checkpoint's configuration")
         err, resumed = None, None
         try:
-            resumed = _load_mine(cfg, topo, path, manifest)
+            resumed = _load_mine(cfg, topo, path, manifest, plan)
         except ValueError as exc:
             err = str(exc)
         errors = world.allgather(err, what=f"loading checkpoint {path.name}")
         bad = [(r, e) for r, e in enumerate(errors) if e is not None]
         if not bad:
             if world.rank == 0:
-                _tell(path, run_of(manifest), failed, accepted)
+                _tell(path, run_of(manifest), failed, accepted, plan)
             return RunStart(run_of(manifest), resumed)
         rank, reason = bad[0]
         failed.append((path.name, f"rank {world.world_rank_of(rank)}: {reason}"))
@@ -194,8 +219,14 @@ def start_run(cfg: TrainConfig, topo: Topology) -> RunStart:
     raise err  # not reached: kept for readers and type checkers
 
 
-def _tell(path: Path, run: str, failed: list[tuple[str, str]], accepted) -> None:
-    """Rank 0: warn about checkpoints passed over, note accepted changes."""
+def _tell(
+    path: Path,
+    run: str,
+    failed: list[tuple[str, str]],
+    accepted,
+    plan: ReshardPlan,
+) -> None:
+    """Rank 0: warn about checkpoints passed over, note accepted changes and resharding."""
     for name, why in failed:
         log.warning(
             "hybridagg train: warning: checkpoint %s cannot be resumed (%s); "
@@ -210,4 +241,17 @@ def _tell(path: Path, run: str, failed: list[tuple[str, str]], accepted) -> None
             "hybridagg train: resuming %s with a changed configuration: %s",
             path.name,
             "; ".join(map(str, accepted)),
+        )
+    if plan.changed:
+        old, new = plan.old, plan.new
+        log.warning(
+            "hybridagg train: resuming %s resharded: %d workers, %d servers, groups "
+            "%s before; %d workers, %d servers, groups %s now",
+            path.name,
+            old.workers,
+            old.servers,
+            [list(g) for g in old.groups],
+            new.workers,
+            new.servers,
+            [list(g) for g in new.groups],
         )

@@ -75,6 +75,9 @@ class _ServerEvents:
                     self.topo,
                     version=state["version"],
                     done_groups=state["done"],
+                    # the flat model's size: a run with another number of
+                    # servers reads only the old parts its shard overlaps
+                    elements=state["shard"]["elements"],
                 ),
             )
 
@@ -108,7 +111,8 @@ class ServerRole:
         cfg: The run's options.
         topo: The topology.
         start: How the run starts (its id, the checkpoint it resumes from:
-            this server's part is already loaded).
+            the old server parts this server continues from are already
+            loaded, by the reshard plan).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
         chunks: ``--on-group-failure continue``: the chunk counter (server 0
@@ -137,7 +141,11 @@ class ServerRole:
         cfg, topo, world, ck = self.cfg, self.topo, self.topo.comms.world, self.ck
         err = None
         resumed = self.start.resumed
-        restore = resumed.part["server"] if resumed is not None else None
+        restore, reshard = None, None
+        if resumed is not None:
+            # the checkpoint's number of servers: its own old part; another:
+            # the old parts it overlaps, its shard rebuilt in serve()
+            restore, reshard = resumed.server.state, resumed.server.shards
         try:
             server_max_sleep()  # a bad value: the same error on every rank, here
         except ValueError as exc:
@@ -149,7 +157,7 @@ class ServerRole:
         events = _ServerEvents(cfg, topo, ck, metrics)
         first = topo.servers[0] == topo.rank
         if self.chunks is not None:
-            return self._serve_surviving(events, ck, first, restore, metrics)
+            return self._serve_surviving(events, ck, first, restore, metrics, reshard)
         stats = serve(
             topo,
             checkpoint_every=cfg.checkpoint_every,
@@ -157,6 +165,7 @@ class ServerRole:
             on_commit=events.on_commit if (ck and first) else None,
             stop_requested=self.stop.is_set,
             restore=restore,
+            reshard=reshard,
             on_ready=events.on_ready,
             on_batch=events.on_batch,
         )
@@ -188,6 +197,7 @@ class ServerRole:
         first: bool,
         restore: dict | None,
         metrics: MetricsWriter,
+        reshard=None,
     ) -> None:
         """Serve, dropping lost groups; then end with the other survivors."""
         topo, chunks = self.topo, self.chunks
@@ -224,6 +234,7 @@ class ServerRole:
                 on_commit=events.on_commit if (ck and first) else None,
                 stop_requested=self.stop.is_set,
                 restore=restore,
+                reshard=reshard,
                 on_ready=events.on_ready,
                 on_batch=events.on_batch,
                 drop_lost=True,

@@ -39,7 +39,8 @@ class WorkerCheckpoints:
         optimizer: The local optimizer (rank 0's sync part).
         metrics: Where ``checkpoint`` records go.
         clock: The training clock.
-        part_state: This worker's state for its part (loader, RNG, counters).
+        part_state: This worker's state for its part of checkpoint ``c``
+            (loader, RNG, counters): ``part_state(c)``.
         number: The number of the last checkpoint (the one resumed from, or 0).
     """
 
@@ -54,7 +55,7 @@ class WorkerCheckpoints:
         optimizer: torch.optim.Optimizer,
         metrics: MetricsWriter,
         clock: TrainClock,
-        part_state: Callable[[], dict],
+        part_state: Callable[[int], dict],
         number: int,
     ) -> None:
         self.cfg, self.topo, self.ck = cfg, topo, checkpointer
@@ -74,7 +75,7 @@ class WorkerCheckpoints:
                 return
             t0 = time.perf_counter()
             with self._solo(f"writing its part of checkpoint {number}"):
-                self.ck.write(number, self.part_state())
+                self.ck.write(number, self.part_state(number))
             self.topo.comms.group.barrier(what=f"group's parts of checkpoint {number}")
             opt.checkpointed(number)
             self._log(number, t0, opt.server_version)
@@ -98,7 +99,7 @@ class WorkerCheckpoints:
         self.number += 1
         number = self.number
         t0 = time.perf_counter()
-        state = self.part_state()
+        state = self.part_state(number)
         state["updates"] = opt.updates
         if self.topo.rank == 0:
             state["model"] = self.model.state_dict()

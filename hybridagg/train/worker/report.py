@@ -24,6 +24,7 @@ def summarize(
     final_accuracy: float | None,
     resumed_from: Path | None,
     run_id: str,
+    resharded: dict | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
 
@@ -37,6 +38,8 @@ def summarize(
         final_accuracy: The accuracy at the end.
         resumed_from: The checkpoint this run resumed from.
         run_id: The run's id (its checkpoints' manifests carry it).
+        resharded: ``{"from": sizes, "to": sizes}`` when it was written with
+            other ranks, servers or groups (``None``: not resharded).
     """
     workers = [r for r in reports if r["role"] == "worker"]
     wall = max(r["wall_s"] for r in workers)
@@ -79,6 +82,7 @@ def summarize(
         "seed": cfg.seed,
         "resumed_from": str(resumed_from) if resumed_from else None,
         "run_id": run_id,
+        "resharded": resharded,
     }
 
 

@@ -32,6 +32,7 @@ from ..checkpoint import Checkpointer
 from ..chunks import ChunkService
 from ..common import rng_state
 from ..config import TrainConfig
+from ..elastic import ReshardPlan
 from ..emulation import Pacer
 from ..faults import at_step
 from ..metrics import MetricsWriter, merge_parts
@@ -88,7 +89,7 @@ class WorkerRole:
         cfg: The run's options.
         topo: The topology.
         start: How the run starts (its id, the checkpoint it resumes from:
-            this worker's parts are already loaded).
+            this worker's parts are already loaded, by the reshard plan).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
         chunks: ``--on-group-failure continue``: the chunk counter, served
@@ -110,6 +111,7 @@ class WorkerRole:
         self.cfg, self.topo, self.start, self.ck = cfg, topo, start, ck
         self.resumed = start.resumed
         self.resume: Path | None = start.resumed.path if start.resumed else None
+        self.plan: ReshardPlan | None = start.resumed.plan if start.resumed else None
         self.stop = stop
         self.rank = topo.rank
         self.world = topo.comms.world
@@ -140,6 +142,8 @@ class WorkerRole:
             cfg, topo, self.opt, self.loader, self.metrics, start
         )
         self._wire(local, ck, start)
+        if self.rank == 0 and self.resharded is not None:
+            self.metrics.write("reshard", t=0.0, **self.resharded)
         if self.chunks is not None:
             return SurvivingWorker(self).run(local)
         if not local.done_already:
@@ -159,9 +163,11 @@ class WorkerRole:
             opt.updates = int(part.get("updates", 0))
         elif self.resume is not None and not local.done_already:
             opt.refresh_from_servers()
-        self.epochs = Epochs(
-            self.loader, cfg.max_epochs, int(part.get("epochs_done", 0))
-        )
+        done = int(part.get("epochs_done", 0))
+        if self.plan is not None and self.plan.workers_changed:
+            # the position was divided anew: every worker is in the loader's epoch
+            done = self.loader.epoch
+        self.epochs = Epochs(self.loader, cfg.max_epochs, done)
         self.log = StepLog(
             topo,
             sync=sync,
@@ -194,16 +200,27 @@ class WorkerRole:
             number=self.resumed.number if self.resumed else 0,
         )
 
-    def _part_state(self) -> dict:
-        """This worker's state in a checkpoint part."""
-        return {
+    @property
+    def resharded(self) -> dict | None:
+        """The old and new sizes when this run resumed at another size, else ``None``."""
+        return None if self.plan is None else self.plan.record()
+
+    def _part_state(self, number: int) -> dict:
+        """This worker's state in its part of checkpoint ``number``."""
+        state = {
             "loader": self.loader.state_dict(),
             "rng": rng_state(),
             "step": self.log.steps,
             "epochs_done": self.epochs.done,
             "train_time_s": self.clock.train_time(),
             "time_to_target_s": self.validation.first_target,
+            # the sample order the saved position refers to
+            "window_blocks": self.loader.window_blocks,
         }
+        if self.loader.sample_log is not None:
+            # every batch logged before this line is in the saved position
+            self.loader.sample_log.mark(f"checkpoint {number}")
+        return state
 
     def _budget_spent(self) -> bool:
         cfg, opt = self.cfg, self.opt
@@ -298,6 +315,7 @@ class WorkerRole:
                 final_accuracy=self.validation.final_accuracy,
                 resumed_from=self.resume,
                 run_id=self.start.run_id,
+                resharded=self.resharded,
             )
             publish(cfg, summary)
         return summary

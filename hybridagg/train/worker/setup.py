@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -10,13 +11,15 @@ from ...data import HDF5Loader
 from ...data.loader import load_split_info
 from ...optimizer import DistributedOptimizer
 from ...ps.compensation import Compensation
+from ...runtime import envvars
 from ...topology import Topology
 from ..adaptive import server_batching
-from ..common import make_optimizer, set_rng_state
+from ..common import make_optimizer, seed_rng, set_rng_state
 from ..config import TrainConfig
 from ..evaluate import Evaluator
 from ..models import build_model, check_fits, resolve_device
 from ..resume import Resumed
+from ..resume_parts import window_blocks_for
 
 __all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
 
@@ -33,7 +36,7 @@ class Local:
     window_blocks: int
     """Blocks per loader window (the shuffle buffer and the dynamic chunk)."""
     part: dict | None = None
-    """This rank's part of the checkpoint resumed from."""
+    """This rank's part of the checkpoint resumed from (made for it if it had none)."""
     done_already: bool = False
     """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
 
@@ -53,10 +56,13 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
     """
     torch.manual_seed(cfg.seed)
     info = load_split_info([cfg.data], "train")[0]
-    # windows (the shuffle buffer and the dynamic chunk) of up to 8 blocks,
-    # but at least 8 windows per worker and epoch so shares can balance
-    blocks = -(-info.length // info.block_samples)
-    window_blocks = max(1, min(8, blocks // (8 * topo.num_workers)))
+    window_blocks = window_blocks_for(info.length, info.block_samples, topo.num_workers)
+    if resumed is not None:
+        # the saved positions refer to the old run's sample order; a
+        # checkpoint that did not record it was written at its own size
+        window_blocks = resumed.worker.window_blocks or window_blocks_for(
+            info.length, info.block_samples, resumed.plan.old.workers
+        )
     device = resolve_device(cfg.device, topo.rank)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
     check_fits(model, info.sample_shape, info.num_classes, cfg.model, device)
@@ -73,11 +79,14 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
         try:
             model.load_state_dict(resumed.first["model"])
             optimizer.load_state_dict(resumed.first["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as exc:
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"checkpoint {resumed.path} does not fit model {cfg.model!r}: {exc}"
             ) from None
-    set_rng_state(local.part["rng"])
+    if "rng" in local.part:
+        set_rng_state(local.part["rng"])
+    else:
+        seed_rng(int(local.part["rng_seed"]))
     return local
 
 
@@ -93,6 +102,9 @@ def make_loader(
     With ``chunk_counter`` (``--on-group-failure continue``) the dynamic
     shares draw from it, and files are read independently (``posix``): an
     MPI-IO file is closed collectively, which a dead worker would block.
+
+    With ``HYBRIDAGG_SAMPLE_LOG`` set, it records the ids of the samples it
+    hands out (one file per worker in that folder).
 
     Raises:
         ValueError, TypeError, OSError: A bad data file or loader state.
@@ -112,20 +124,30 @@ def make_loader(
             else {}
         ),
     )
-    if local.part is not None:
-        loader.load_state_dict(local.part["loader"])
-    elif cfg.mode != "sync" and resumed is not None:
-        # a finished group still takes part in the collective resume
-        loader.load_state_dict(
-            {
-                "kind": "dynamic",
-                "epoch": 0,
-                "carry": [],
-                "taken": [],
-                "counter": None,
-                "n_windows": loader.windows_per_epoch,
-            }
+    log = envvars.get_str("HYBRIDAGG_SAMPLE_LOG")
+    if log:
+        loader.log_samples(Path(log) / f"rank-{topo.rank:05d}.log")
+    idle = {
+        "kind": "dynamic",
+        "epoch": 0,
+        "carry": [],
+        "taken": [],
+        "counter": None,
+        "n_windows": loader.windows_per_epoch,
+    }
+    if resumed is None:
+        return loader
+    worker = resumed.worker
+    if worker.loader_states is not None:
+        # another number of workers: divide what no old worker consumed
+        loader.load_resharded_state(
+            [s if s is not None else idle for s in worker.loader_states]
         )
+    elif worker.loader_state is not None:
+        loader.load_state_dict(worker.loader_state)
+    elif cfg.mode != "sync":
+        # a finished group still takes part in the collective resume
+        loader.load_state_dict(idle)
     return loader
 
 
