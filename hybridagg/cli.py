@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -284,9 +285,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
             # non-zero, even after MPI_Finalize (about one run in three)
             line = status_line(MPI.COMM_WORLD.Get_rank(), status)
             print(line, file=sys.stderr, flush=True)
-            if envvars.get_bool("HYBRIDAGG_EXIT_CODES"):
-                return int(status.code)
-            return int(ExitCode.FINISHED)
+            code = status.code if envvars.get_bool("HYBRIDAGG_EXIT_CODES") else 0
+            if status.code != ExitCode.FINISHED:
+                # A rank died: the survivors have met, written the summary and
+                # freed their communicators. MPI_Finalize (and joining threads
+                # that may still wait on the dead peer) was seen to hang now and
+                # then in Open MPI 5.0.11 under --with-ft ulfm, so leave without
+                # it; under ULFM the launcher takes that as an ordinary exit.
+                sys.stdout.flush()
+                os._exit(int(code))
+            return int(code)
     except NonFiniteError as exc:  # raised on every rank, after a clean wind-down
         _stopped_together(str(exc))
         return int(ExitCode.NON_FINITE)
