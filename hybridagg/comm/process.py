@@ -109,9 +109,16 @@ def _status_line(program: str, code: ExitCode) -> str:
 
 
 _REPORTER_GRACE_S = 2.0
-"""Seconds the reporter of a failure lets the other ranks exit on their own
-(they learn the verdict within a fraction of a second) before its
-``MPI_Abort`` ends those that did not (a stuck rank)."""
+"""Seconds the reporter of a failure waits after printing before its
+``MPI_Abort`` ends every rank still running: the others learn the verdict
+within a fraction of a second and print their status lines meanwhile."""
+
+_LINGER_S = 2 * _REPORTER_GRACE_S
+"""Seconds a rank that did not report waits, after printing, for the
+reporter's ``MPI_Abort`` before it exits by itself (a reporter that died
+before its abort)."""
+
+_ending = threading.Event()  # end_job runs in some thread of this process
 
 
 def end_job(
@@ -119,22 +126,25 @@ def end_job(
 ) -> None:
     """End this rank, and with it the job, after a peer failure; never returns.
 
-    The reporter (the one rank that declared the failure) prints its
-    message and its status line at once, lets the others exit
-    (``_REPORTER_GRACE_S``), then calls ``MPI_Abort`` with exit code 5,
-    which ends every rank still running, a stuck one included, and makes
-    the launcher exit 5 (Open MPI does so with and without ``--with-ft
-    ulfm``). Every other rank prints its status line and exits 5 itself
-    (``os._exit``: ``MPI_Finalize`` could wait for the dead peer); a
-    launcher may end the whole job at that first exit, with code 5 too. The
-    status line is ``PROGRAM: rank R: aborted (exit 5)``, one per rank, so
-    that each rank's outcome can be read where the launcher does not report it.
+    Every rank prints its status line, ``PROGRAM: rank R: aborted (exit 5)``,
+    so that each rank's outcome can be read where the launcher does not
+    report it; the reporter (the one rank that declared the failure) prints
+    its message first. Then the reporter waits ``_REPORTER_GRACE_S`` and
+    calls ``MPI_Abort`` with exit code 5, which ends every rank still
+    running, a stuck one included, and makes the launcher exit 5 (Open MPI
+    does so with and without ``--with-ft ulfm``). The other ranks wait for
+    that abort (at most ``_LINGER_S``, then ``os._exit(5)``: ``MPI_Finalize``
+    could wait for the dead peer) instead of exiting at once: a launcher
+    (Open MPI's under ULFM) ends the whole job at the first rank's exit,
+    which would kill the ranks that had not yet learnt the verdict before
+    they print their status lines.
 
     Args:
         failure: What failed, naming the rank(s).
         reporter: Whether this rank declared it (prints the message).
         program: Prefix of the lines printed (the command's name).
     """
+    _ending.set()
     code = ExitCode.ABORTED
     try:
         if reporter:
@@ -146,6 +156,8 @@ def end_job(
         if reporter:
             time.sleep(_REPORTER_GRACE_S)
             MPI.COMM_WORLD.Abort(int(code))
+        else:
+            time.sleep(_LINGER_S)
         os._exit(int(code))
 
 
@@ -168,4 +180,10 @@ def end_on_peer_failure(failure: PeerFailure, *, program: str = "hybridagg") -> 
     conclude = getattr(watch, "conclude", None)
     if conclude is not None:
         conclude(failure)
+    if _ending.is_set():
+        # the heartbeat's thread is ending the job (its line is printed, it
+        # waits for the reporter's abort): a second end here would print a
+        # second error, and exit before that wait is over
+        time.sleep(_LINGER_S + _REPORTER_GRACE_S)
+        os._exit(int(ExitCode.ABORTED))
     end_job(failure, True, program=program)
