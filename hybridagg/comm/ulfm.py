@@ -23,21 +23,14 @@ from pathlib import Path
 
 from mpi4py import MPI
 
+from . import failures
+
 __all__ = [
-    "FAILURE_CLASSES",
     "failed_world_ranks",
     "is_process_failure",
     "ulfm_enabled",
     "ulfm_status",
 ]
-
-FAILURE_CLASSES = frozenset(
-    getattr(MPI, name)
-    for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
-    if hasattr(MPI, name)
-)
-"""Error classes that mean "a peer died" (or that another rank said so by
-revoking the communicator)."""
 
 
 def is_process_failure(error: BaseException) -> bool:
@@ -48,14 +41,14 @@ def is_process_failure(error: BaseException) -> bool:
     mpi4py does not return: that counts as a peer's failure when this
     process knows of a failed process.
     """
+    if failures.is_peer_failure(error):
+        return True
     if not isinstance(error, MPI.Exception):
         return False
     try:
         cls = error.Get_error_class()
     except MPI.Exception:
         return False
-    if cls in FAILURE_CLASSES:
-        return True
     if cls == MPI.ERR_IN_STATUS:
         try:
             group = MPI.COMM_WORLD.Get_failed()
@@ -140,9 +133,10 @@ def _mpi4py_version() -> str:
 
 
 def failed_world_ranks(comm: MPI.Comm) -> tuple[int, ...]:
-    """World ranks of the processes of ``comm`` known here to have failed.
+    """World ranks of the processes of ``comm`` known here to have failed, acknowledged.
 
-    Acknowledges them (``MPI_Comm_ack_failed``), so that receives from
+    Unlike :func:`hybridagg.comm.failures.failed_world_ranks` (a query),
+    this acknowledges them (``MPI_Comm_ack_failed``), so that receives from
     ``MPI_ANY_SOURCE`` on ``comm`` work again. Knowledge of a failure
     arrives with MPI progress; this call makes some (a probe on
     ``MPI_COMM_SELF``) first.
@@ -150,16 +144,6 @@ def failed_world_ranks(comm: MPI.Comm) -> tuple[int, ...]:
     MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
     try:
         comm.Ack_failed()
-        group = comm.Get_failed()
     except MPI.Exception:
         return ()
-    try:
-        n = group.Get_size()
-        if n == 0:
-            return ()
-        world = MPI.COMM_WORLD.Get_group()
-        ranks = MPI.Group.Translate_ranks(group, list(range(n)), world)
-        world.Free()
-        return tuple(sorted(int(r) for r in ranks))
-    finally:
-        group.Free()
+    return failures.failed_world_ranks(comm)
