@@ -36,7 +36,7 @@ def test_request_and_reply_headers_round_trip():
     reply = P.Reply(version=12, stop=True, staleness=3, lr_scale=0.25, checkpoint=2)
     buf = np.zeros(P.REPLY_LEN, dtype=np.float64)
     assert reply.encode_into(buf) is buf
-    assert buf.tolist() == [12.0, 1.0, 3.0, 0.25, 2.0, 0.0]
+    assert buf.tolist() == [12.0, 1.0, 3.0, 0.25, 2.0, 0.0, -1.0]  # -1: no NaN stop
     assert P.Reply.decode(buf) == reply
 
 
@@ -52,7 +52,10 @@ def test_group_header_round_trips_and_has_its_own_length():
     )
     head = torch.zeros(GROUP_HEAD_LEN, dtype=torch.float64)
     assert GroupHeader.decode(header.encode_into(head)) == header
-    assert GROUP_HEAD_LEN == 7 and GROUP_HEAD_LEN != P.REQUEST_FIELDS
+    assert GROUP_HEAD_LEN == 8 and GROUP_HEAD_LEN != P.REQUEST_FIELDS
+    # the non-finite stop names its group
+    stopped = GroupHeader(stop=True, version=5, nonfinite=1)
+    assert GroupHeader.decode(stopped.encode_into(head)) == stopped
 
 
 # ------------------------------------------------------------------ staleness bound
