@@ -334,3 +334,25 @@ def test_continue_without_ulfm_is_refused_on_every_rank(digits, tmp_path):
     assert "needs MPI fault tolerance (ULFM)" in result.stderr
     assert "mpirun --with-ft ulfm" in result.stderr
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_nan_data_under_continue_stops_every_rank_with_code_3(tmp_path):
+    # surviving losses must not make a NaN silent: every rank, server
+    # included, ends as non-finite (code 3) and no summary is written
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from hybridagg.data import convert_arrays
+
+    d = load_digits()
+    x = d.data.astype(np.float32)
+    x[::60, 5] = np.nan
+    data = tmp_path / "nan-digits.h5"
+    convert_arrays(x, d.target, data, num_classes=10, allow_nonfinite=True)
+    result = run_ft(5, train_args(str(data), tmp_path, *HYBRID_ARGS), fault=None)
+    st = statuses(result)
+    assert {r: st.get(r, ("", -1))[1] for r in range(5)} == dict.fromkeys(
+        range(5), 3
+    ), output(result)[-3000:]
+    assert all("not finite" in st[r][2] for r in range(5)), st
+    assert not (tmp_path / "summary.json").exists()

@@ -7,7 +7,7 @@ import time
 
 from ..comm import solo
 from ..ps.server import ServerStats, serve, server_max_sleep
-from ..runtime.outcomes import PeerFailure
+from ..runtime.outcomes import ExitCode, PeerFailure
 from ..topology import Topology
 from .checkpoint import Checkpointer
 from .chunks import ChunkService
@@ -17,6 +17,7 @@ from .faults import kill_at
 from .metrics import MetricsWriter
 from .resume import RunStart
 from .survival import FATAL, OK, Ending, RankStatus, end_of_run
+from .worker.report import nonfinite_reason
 from .worker.role import raise_if_nonfinite
 
 __all__ = ["ServerRole"]
@@ -104,6 +105,23 @@ class _ServerEvents:
         )
 
 
+def _server_report(stats: ServerStats, rank: int) -> dict:
+    """A server's run report (gathered by every rank at the end)."""
+    return {
+        "role": "server",
+        "version": stats.version,
+        "max_staleness": stats.max_staleness,
+        "busy_s": stats.busy_seconds,
+        "nonfinite": None
+        if stats.nonfinite is None
+        else (
+            f"server rank {rank} stopped every group at version "
+            f"{stats.version}: group {stats.nonfinite}'s loss or gradient "
+            "was not finite"
+        ),
+    }
+
+
 class ServerRole:
     """A server rank's part of a training run.
 
@@ -170,19 +188,7 @@ class ServerRole:
             on_batch=events.on_batch,
         )
         metrics.close()
-        report = {
-            "role": "server",
-            "version": stats.version,
-            "max_staleness": stats.max_staleness,
-            "busy_s": stats.busy_seconds,
-            "nonfinite": None
-            if stats.nonfinite is None
-            else (
-                f"server rank {topo.rank} stopped every group at version "
-                f"{stats.version}: group {stats.nonfinite}'s loss or gradient "
-                "was not finite"
-            ),
-        }
+        report = _server_report(stats, topo.rank)
         reports = world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
@@ -204,12 +210,7 @@ class ServerRole:
         box: dict = {}
 
         def report(stats: ServerStats) -> dict:
-            return {
-                "role": "server",
-                "version": stats.version,
-                "max_staleness": stats.max_staleness,
-                "busy_s": stats.busy_seconds,
-            }
+            return _server_report(stats, topo.rank)
 
         def final_to(stats: ServerStats) -> int | None:
             lost = {
@@ -251,8 +252,11 @@ class ServerRole:
             box["mine"] = mine
         chunks.close()
         metrics.close()
-        survivors, _, verdict = box["end"]
+        survivors, endings, verdict = box["end"]
         self.status = verdict.status_of(box["mine"])
+        stopped = nonfinite_reason([e.report for e in endings if e.report])
+        if stopped is not None:  # (every survivor says so, code 3)
+            self.status = RankStatus(ExitCode.NON_FINITE, f"stopped: {stopped}")
         survivors.barrier(what="metrics written")
         survivors.barrier(what="end of the run")  # (the summary is written)
         survivors.free()

@@ -10,7 +10,7 @@ from ..config import TrainConfig
 from ..emulation import ideal_samples_per_sec
 from ..metrics import format_table, summary_row
 
-__all__ = ["publish", "summarize"]
+__all__ = ["nonfinite_reason", "publish", "summarize"]
 
 
 def summarize(
@@ -93,3 +93,16 @@ def publish(cfg: TrainConfig, summary: dict) -> None:
         Path(cfg.summary).write_text(json.dumps(summary, indent=1) + "\n")
     if cfg.progress:
         print(format_table([summary_row(summary)]), flush=True)
+
+
+def nonfinite_reason(reports: list[dict]) -> str | None:
+    """Why the run stopped on a NaN or an infinity, if any rank's report says so.
+
+    A rank that found it itself is preferred over one that was told of it;
+    among those, the lowest in ``reports``' order.
+    """
+    found = [r for r in reports if r.get("nonfinite")]
+    if not found:
+        return None
+    own = [r for r in found if r.get("nonfinite_own")]
+    return (own or found)[0]["nonfinite"]

@@ -42,7 +42,7 @@ from .checkpoints import WorkerCheckpoints
 from .clock import TrainClock
 from .epochs import Epochs
 from .progress import ProgressBar, StepLog
-from .report import publish, summarize
+from .report import nonfinite_reason, publish, summarize
 from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
 from .step import MORE, Stepper, loss_fn
 from .stopping import StopSignal
@@ -75,11 +75,9 @@ def raise_if_nonfinite(reports: list[dict]) -> None:
     Raises:
         NonFiniteError: The first such reason, by rank.
     """
-    found = [r for r in reports if r.get("nonfinite")]
-    if not found:
-        return
-    own = [r for r in found if r.get("nonfinite_own")]
-    raise NonFiniteError((own or found)[0]["nonfinite"])
+    reason = nonfinite_reason(reports)
+    if reason is not None:
+        raise NonFiniteError(reason)
 
 
 class WorkerRole:
@@ -285,14 +283,18 @@ class WorkerRole:
         if not halted:
             self.validation.maybe_run(final=True)
 
-    def _report(self) -> dict | None:
-        cfg, topo, world = self.cfg, self.topo, self.world
-        mine = self.log.report(self.end - self.clock.start)
+    def nonfinite_report(self, mine: dict) -> dict:
+        """This worker's run report ``mine``, with why it stopped on a NaN (if so)."""
         if self.nonfinite is None and self.opt.nonfinite is not None:
             # told by the servers at the end (e.g. in the pending exchange)
             self.nonfinite = f"after step {self.log.steps}: {self.opt.nonfinite}"
         mine["nonfinite"] = self.nonfinite
         mine["nonfinite_own"] = self.nonfinite_own
+        return mine
+
+    def _report(self) -> dict | None:
+        cfg, topo, world = self.cfg, self.topo, self.world
+        mine = self.nonfinite_report(self.log.report(self.end - self.clock.start))
         reports = world.allgather(mine, what="run report")
         self.metrics.close()
         world.barrier(what="metrics written")

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...comm.ulfm import is_process_failure
-from ...runtime.outcomes import PeerFailure
+from ...runtime.outcomes import ExitCode, PeerFailure
 from ..evaluate import Evaluator
 from ..metrics import merge_parts
 from ..survival import (
@@ -30,11 +30,12 @@ from ..survival import (
     GROUP_LOST,
     OK,
     Ending,
+    RankStatus,
     Verdict,
     dead_ranks_now,
     end_of_run,
 )
-from .report import publish, summarize
+from .report import nonfinite_reason, publish, summarize
 from .setup import Local
 
 if TYPE_CHECKING:
@@ -72,17 +73,23 @@ class SurvivingWorker:
                 raise
             role.end = time.perf_counter()
             state, message, dead = self._after_failure(exc)
-        report = role.log.report(role.end - role.clock.start)
+        report = role.nonfinite_report(role.log.report(role.end - role.clock.start))
         mine = Ending(topo.rank, "worker", state, message, dead, report)
         survivors, endings, verdict = end_of_run(topo, mine, lost=state == GROUP_LOST)
         role.status = verdict.status_of(mine)
+        # a NaN or an infinity stopped the run: every survivor says so (code
+        # 3), and, as without losses, no final validation or summary follows
+        stopped = nonfinite_reason([e.report for e in endings if e.report])
+        if stopped is not None:
+            role.status = RankStatus(ExitCode.NON_FINITE, f"stopped: {stopped}")
         summary = None
         if verdict.reporter == topo.rank:
             role.final_version = role.opt.receive_final()
-            self._validate(local)
+            if stopped is None:
+                self._validate(local)
         role.metrics.close()
         survivors.barrier(what="metrics written")
-        if verdict.reporter == topo.rank:
+        if verdict.reporter == topo.rank and stopped is None:
             summary = self._summary(endings, verdict)
         if role.validation.evaluator is not None:
             role.validation.evaluator.close()
