@@ -174,19 +174,19 @@ class ServerRole:
         warm_up_optimizer(cfg)
         events = _ServerEvents(cfg, topo, ck, metrics)
         first = topo.servers[0] == topo.rank
+        common = {  # what serve() takes whether or not groups may be lost
+            "checkpoint_every": cfg.checkpoint_every,
+            "on_snapshot": events.on_snapshot if ck else None,
+            "on_commit": events.on_commit if (ck and first) else None,
+            "stop_requested": self.stop.is_set,
+            "restore": restore,
+            "reshard": reshard,
+            "on_ready": events.on_ready,
+            "on_batch": events.on_batch,
+        }
         if self.chunks is not None:
-            return self._serve_surviving(events, ck, first, restore, metrics, reshard)
-        stats = serve(
-            topo,
-            checkpoint_every=cfg.checkpoint_every,
-            on_snapshot=events.on_snapshot if ck else None,
-            on_commit=events.on_commit if (ck and first) else None,
-            stop_requested=self.stop.is_set,
-            restore=restore,
-            reshard=reshard,
-            on_ready=events.on_ready,
-            on_batch=events.on_batch,
-        )
+            return self._serve_surviving(events, metrics, common)
+        stats = serve(topo, **common)
         metrics.close()
         report = _server_report(stats, topo.rank)
         reports = world.allgather(report, what="run report")
@@ -199,18 +199,15 @@ class ServerRole:
     def _serve_surviving(
         self,
         events: _ServerEvents,
-        ck: Checkpointer | None,
-        first: bool,
-        restore: dict | None,
         metrics: MetricsWriter,
-        reshard=None,
+        common: dict,
     ) -> None:
-        """Serve, dropping lost groups; then end with the other survivors."""
+        """Serve, dropping lost groups; then end with the other survivors.
+
+        ``common`` holds :func:`serve`'s arguments shared with the plain run.
+        """
         topo, chunks = self.topo, self.chunks
         box: dict = {}
-
-        def report(stats: ServerStats) -> dict:
-            return _server_report(stats, topo.rank)
 
         def final_to(stats: ServerStats) -> int | None:
             lost = {
@@ -218,7 +215,11 @@ class ServerRole:
                 for g, (t, dead) in stats.lost_groups.items()
             }
             mine = Ending(
-                topo.rank, "server", OK, report=report(stats), lost_groups=lost
+                topo.rank,
+                "server",
+                OK,
+                report=_server_report(stats, topo.rank),
+                lost_groups=lost,
             )
             box["end"] = end_of_run(topo, mine, poll=chunks.poll)
             box["mine"] = mine
@@ -230,14 +231,7 @@ class ServerRole:
         try:
             serve(
                 topo,
-                checkpoint_every=self.cfg.checkpoint_every,
-                on_snapshot=events.on_snapshot if ck else None,
-                on_commit=events.on_commit if (ck and first) else None,
-                stop_requested=self.stop.is_set,
-                restore=restore,
-                reshard=reshard,
-                on_ready=events.on_ready,
-                on_batch=events.on_batch,
+                **common,
                 drop_lost=True,
                 on_drop=events.on_drop,
                 poll=chunks.poll,
