@@ -111,3 +111,27 @@ test-slurm: $(STAMP)
 	trap 'bash tests/slurm/cluster.sh down || true' EXIT; trap 'exit 130' INT TERM; \
 	HYBRIDAGG_TEST_SLURM=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
 		$(PY) -m pytest $(SLURM_TESTS) $(PYTEST_ARGS)
+
+# --- fourth CI stage: an emulated cluster on this machine (needs root) ------
+# Hosts are network namespaces joined by a bridge, their links shaped by tc
+# (hybridagg/cluster, README "An emulated cluster"). `make cluster-up` brings
+# CLUSTER up for your own jobs (hybridagg-run --cluster $(CLUSTER) ...) and
+# `make cluster-down` removes it. `make test-cluster` brings its own clusters
+# up and down (tests/cluster); `make test` does not collect that folder.
+CLUSTER ?= examples/cluster.toml
+CLUSTER_TESTS ?= tests/cluster
+
+.PHONY: cluster-up cluster-down test-cluster
+
+cluster-up: $(STAMP)
+	$(VENV)/bin/hybridagg cluster up $(CLUSTER)
+
+cluster-down: $(STAMP)
+	$(VENV)/bin/hybridagg cluster down $(CLUSTER)
+
+test-cluster: $(STAMP)
+	@test "$$(id -u)" = 0 || { echo "make test-cluster needs root (it creates namespaces and links)"; exit 1; }
+	trap 'for f in tests/cluster/*.toml; do $(VENV)/bin/hybridagg cluster down "$$f" >/dev/null 2>&1 || true; done' EXIT; \
+	trap 'exit 130' INT TERM; \
+	HYBRIDAGG_TEST_CLUSTER=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+		$(PY) -m pytest $(CLUSTER_TESTS) $(PYTEST_ARGS)

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     _add_convert_parser(sub)
+    from .cluster import command as cluster_command
+
+    cluster_command.add_parser(sub)
     from .train.flags import add_arguments
 
     train = sub.add_parser(
@@ -237,6 +240,15 @@ def _add_convert_parser(sub) -> None:
 
 _COMMANDS = {"env": _cmd_env, "info": _cmd_info, "run": _cmd_run}
 _COMMANDS["convert"] = _cmd_convert
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from .cluster import command as cluster_command
+
+    return cluster_command.run(args)
+
+
+_COMMANDS["cluster"] = _cmd_cluster
 
 
 def _launch_rank() -> int:

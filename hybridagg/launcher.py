@@ -26,7 +26,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from .cluster import ClusterError, ClusterSpec, read_state
+from .cluster import load as load_cluster
+from .cluster.plan import mpiexec_args as cluster_mpiexec_args
 from .runtime import envvars, runner
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "Probes",
     "build_parser",
     "choose_launcher",
+    "cluster_plan",
     "execute",
     "find_mpiexec",
     "hand_groups",
@@ -68,7 +73,10 @@ with that MPI's flags: Open MPI 4 and 5 get --oversubscribe --bind-to none
 (ranks that share cores must not be pinned to one), their run-as-root
 consent as root, and on 5 the PRRTE oversubscription policy; MPICH's Hydra
 (also Intel MPI) needs none of these. The hostfile flag is --hostfile for
-Open MPI and -f for Hydra."""
+Open MPI and -f for Hydra.
+With --cluster FILE (Open MPI 5): the ranks run on the emulated hosts of a
+cluster brought up by `hybridagg cluster up FILE`, filling the hosts in the
+file's order; -n defaults to all their ranks."""
 
 _EPILOG = """\
 Groups reach the program (heterogeneous allocations only) as: {groups} and
@@ -118,6 +126,7 @@ class Options:
         servers_from: ``--servers-from`` as typed (checked against the
             allocation by :func:`het_groups`).
         dry_run: Print the plan instead of running it.
+        cluster: ``--cluster``: the emulated cluster's description.
     """
 
     command: tuple[str, ...]
@@ -127,6 +136,7 @@ class Options:
     srun_mpi: str | None = None
     servers_from: str | None = None
     dry_run: bool = False
+    cluster: ClusterSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,8 @@ class Probes:
             plugin was chosen).
         mpiexec_version: What ``<mpiexec> --version`` prints.
         euid: The effective user id (0: root).
+        cluster_state: The state folder of an emulated cluster that is up
+            with this description (raises ``ClusterError`` otherwise).
     """
 
     which: Callable[[str], str | None] = shutil.which
@@ -208,6 +220,7 @@ class Probes:
     srun_mpi_list: Callable[[], str] = _srun_mpi_list
     mpiexec_version: Callable[[str], str] = runner.mpiexec_version
     euid: int = field(default_factory=_effective_uid)
+    cluster_state: Callable[[ClusterSpec], Path] = read_state
 
 
 # ------------------------------------------------------------------ options
@@ -277,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="hosts for mpiexec, outside Slurm",
     )
     parser.add_argument(
+        "--cluster",
+        action=_Value,
+        metavar="FILE",
+        help="run on the emulated cluster FILE (up: hybridagg cluster up FILE)",
+    )
+    parser.add_argument(
         "--launcher",
         action=_Value,
         metavar="L",
@@ -344,6 +363,12 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     hostfile = ns.hostfile or None
     if hostfile is not None and not os.access(hostfile, os.R_OK):
         raise LaunchError(f"hostfile '{hostfile}' does not exist or is not readable")
+    cluster = None
+    if ns.cluster:
+        try:
+            cluster = load_cluster(ns.cluster)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     launcher = ns.launcher
     if launcher is None:
         launcher = envvars.get_str("HYBRIDAGG_LAUNCHER", environ) or "auto"
@@ -365,6 +390,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
         srun_mpi=srun_mpi or None,
         servers_from=ns.servers_from or None,
         dry_run=ns.dry_run,
+        cluster=cluster,
     )
 
 
@@ -712,6 +738,11 @@ def plan_launch(
         )
 
     mpiexec = find_mpiexec(environ, probes)
+    if options.cluster is not None and (in_slurm or options.hostfile is not None):
+        raise LaunchError(
+            "--cluster places the ranks on the emulated hosts itself: it does not "
+            "go with --hostfile or inside a Slurm allocation"
+        )
     nranks = str(options.nranks) if options.nranks is not None else None
     if nranks is None and in_slurm:
         nranks = envvars.get_str("SLURM_NTASKS", environ)
@@ -720,12 +751,14 @@ def plan_launch(
             "--hostfile does not apply inside a Slurm allocation: mpiexec reads "
             "the allocation's nodes"
         )
-    if not nranks and options.hostfile is None:
+    if not nranks and options.hostfile is None and options.cluster is None:
         raise LaunchError(
             "give -n N (or --hostfile FILE): outside a Slurm allocation there is "
             "no task count to take"
         )
     info = runner.identify_mpiexec(mpiexec, probes.mpiexec_version(mpiexec))
+    if options.cluster is not None:
+        return cluster_plan(options, info, environ, probes)
     return mpiexec_plan(
         info,
         command,
@@ -734,6 +767,50 @@ def plan_launch(
         hostfile=options.hostfile,
         euid=probes.euid,
     )
+
+
+def cluster_plan(
+    options: Options,
+    info: runner.MpiexecInfo,
+    environ: Mapping[str, str],
+    probes: Probes,
+) -> Plan:
+    """``mpiexec`` that places the job's ranks on an emulated cluster's hosts.
+
+    Args:
+        options: The command line; ``options.cluster`` is set.
+        info: The launcher: Open MPI 5 or later (its launch agent option).
+        environ: The environment.
+        probes: What the machine answers (the cluster's state folder).
+
+    Raises:
+        LaunchError: Another MPI, more ranks than the hosts hold, or the
+            cluster is not up with this description.
+    """
+    spec = options.cluster
+    assert spec is not None
+    if info.flavor != "openmpi" or info.major < 5:
+        raise LaunchError(
+            f"--cluster needs Open MPI 5 or later (its launcher starts one daemon "
+            f"per emulated host); {info.path} is {info.flavor} {info.major or ''}".rstrip()
+        )
+    nranks = options.nranks if options.nranks is not None else spec.total_ranks
+    if nranks > spec.total_ranks:
+        raise LaunchError(
+            f"-n {nranks}: the hosts of {spec.source} hold {spec.total_ranks} ranks "
+            f"({', '.join(f'{h.name}: {h.ranks}' for h in spec.hosts)})"
+        )
+    try:
+        folder = probes.cluster_state(spec)
+    except ClusterError as exc:
+        raise LaunchError(str(exc)) from None
+    prefix = os.path.dirname(os.path.dirname(os.path.abspath(info.path)))
+    argv = [info.path, "-n", str(nranks)] + runner.mpiexec_flags(
+        info, oversubscribe=False
+    )
+    argv += cluster_mpiexec_args(spec, folder, prefix)
+    env = dict(runner.root_consent_env(probes.euid))
+    return Plan(tuple(argv + list(options.command)), env)
 
 
 # ---------------------------------------------------------------- execution

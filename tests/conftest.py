@@ -46,7 +46,11 @@ if not IN_RANK:
 
 # tests/slurm boots a real Slurm cluster (root, minutes): only under
 # `make test-slurm`, which sets HYBRIDAGG_TEST_SLURM=1.
+# tests/cluster brings emulated clusters up (root): only under `make
+# test-cluster`, which sets HYBRIDAGG_TEST_CLUSTER=1.
 collect_ignore = [] if envvars.get_bool("HYBRIDAGG_TEST_SLURM") else ["slurm"]
+if not envvars.get_bool("HYBRIDAGG_TEST_CLUSTER"):
+    collect_ignore.append("cluster")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -228,6 +228,13 @@ _DECLARED = [
         "support, which reads the allocation itself).",
     ),
     EnvVar(
+        "HYBRIDAGG_CLUSTER_DIR",
+        "/tmp/hybridagg-cluster",
+        "Folder of the state of emulated clusters (hybridagg cluster up): one "
+        "subfolder per cluster name with its description, launch agent and "
+        "hostfile; hybridagg-run --cluster reads it.",
+    ),
+    EnvVar(
         "HYBRIDAGG_SRUN_MPI",
         None,
         "srun's --mpi plugin for hybridagg-run (pmix, pmi2, none). "
@@ -389,6 +396,13 @@ _DECLARED = [
         None,
         "Tests only: 1 makes pytest collect tests/slurm (boots a Slurm cluster "
         "on this machine; needs root). Set by make test-slurm.",
+        "tests",
+    ),
+    EnvVar(
+        "HYBRIDAGG_TEST_CLUSTER",
+        None,
+        "Tests only: 1 makes pytest collect tests/cluster (brings emulated "
+        "clusters up on this machine; needs root). Set by make test-cluster.",
         "tests",
     ),
     EnvVar(
