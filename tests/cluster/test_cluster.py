@@ -182,3 +182,153 @@ def test_allreduce_within_a_host_stays_off_the_link(cluster, tmp_path):
     sent = after["a"][0] - before["a"][0]
     # the launcher's control messages cross the link, the data does not
     assert sent < moved / 100, (sent, moved)
+
+
+# ------------------------------------------------------- failures and teardown
+def test_a_failed_up_removes_what_it_made(tmp_path):
+    from hybridagg.cluster import ClusterError, plan, up
+    from hybridagg.cluster.netns import _run
+
+    spec = load(HERE / "three-hosts.toml")
+    commands = plan.up_commands(spec)
+    environ = {"HYBRIDAGG_CLUSTER_DIR": str(tmp_path)}
+    for fail_at in (len(commands) // 2, len(commands) - 1):
+        calls = []
+
+        def failing(argv, fail_at=fail_at, calls=calls):
+            if list(argv) in commands:
+                calls.append(argv)
+                if len(calls) == fail_at + 1:  # the real command is not run
+                    return subprocess.CompletedProcess(argv, 2, "", "injected failure")
+            return _run(argv)
+
+        with pytest.raises(ClusterError, match="injected failure"):
+            up(spec, environ, run=failing)
+        assert len(calls) == fail_at + 1
+        assert leftovers(spec) == []
+        assert not (tmp_path / spec.name).exists()
+
+
+def test_up_refuses_a_cluster_that_is_up_and_a_subnet_in_use(tmp_path):
+    spec = load(HERE / "two-hosts.toml")
+    path = HERE / "two-hosts.toml"
+    assert sh([BIN / "hybridagg", "cluster", "up", path]).returncode == 0
+    try:
+        again = sh([BIN / "hybridagg", "cluster", "up", path])
+        assert again.returncode == 1 and "seems up already" in again.stderr
+        other = tmp_path / "same-subnet.toml"
+        other.write_text(path.read_text().replace('name = "hxb"', 'name = "hxo"'))
+        clash = sh([BIN / "hybridagg", "cluster", "up", other])
+        assert clash.returncode == 1 and "overlaps" in clash.stderr, clash.stderr
+        assert leftovers(load(other)) == []
+    finally:
+        assert sh([BIN / "hybridagg", "cluster", "down", path]).returncode == 0
+    assert leftovers(spec) == []
+
+
+def test_latency_needs_netem(tmp_path):
+    """Latency is netem's; a kernel without it is refused before anything is made."""
+    from hybridagg.cluster import up
+    from hybridagg.cluster.netns import ClusterError, _check_netem, _run
+
+    path = tmp_path / "slow.toml"
+    path.write_text(
+        (HERE / "two-hosts.toml")
+        .read_text()
+        .replace('bandwidth = "1gbit"', 'bandwidth = "1gbit"\nlatency_ms = 20')
+    )
+    spec = load(path)
+    environ = {"HYBRIDAGG_CLUSTER_DIR": str(tmp_path / "state")}
+    try:
+        _check_netem(spec, _run)
+        has_netem = True
+    except ClusterError:
+        has_netem = False
+    if not has_netem:
+        with pytest.raises(ClusterError, match="netem"):
+            up(spec, environ)
+        assert leftovers(spec) == [] and f"{spec.name}-probe" not in namespaces()
+        return
+    # a kernel with netem: a TCP handshake between the hosts takes two link
+    # latencies each way (a's and b's), so at least 2 * 2 * 20 ms
+    up(spec, environ)
+    try:
+        probe = (
+            "import socket,time;s=socket.socket();t=time.perf_counter();"
+            f"s.connect(('{spec.address('b')}',9));print(time.perf_counter()-t)"
+        )
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", f"{spec.name}-b", sys.executable, "-c",
+             "import socket;s=socket.socket();s.bind(('',9));s.listen();s.accept()"]
+        )  # fmt: skip
+        try:
+            import time
+
+            time.sleep(0.5)
+            rtt = float(
+                sh(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        f"{spec.name}-a",
+                        sys.executable,
+                        "-c",
+                        probe,
+                    ]
+                ).stdout
+            )
+        finally:
+            server.kill()
+            server.wait()
+        assert rtt >= 0.08, rtt
+    finally:
+        from hybridagg.cluster import down
+
+        down(spec, environ)
+    assert leftovers(spec) == []
+
+
+@pytest.mark.parametrize("cluster", ["three-hosts.toml"], indirect=True)
+def test_down_stops_a_job_left_running_on_the_hosts(cluster, tmp_path):
+    """A launcher killed hard leaves its ranks behind; down stops every one of them."""
+    import signal
+    import time
+
+    path, spec = cluster
+    marker = tmp_path / "started"
+    script = (
+        "import pathlib, time\n"
+        "from mpi4py import MPI\n"
+        f"pathlib.Path('{marker}', str(MPI.COMM_WORLD.rank)).touch()\n"
+        "time.sleep(600)\n"
+    )
+    marker.mkdir()
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    job = subprocess.Popen(
+        [BIN / "hybridagg-run", "--cluster", path, "--", sys.executable, "-c", script],
+        cwd=REPO, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marker.iterdir())) < spec.total_ranks:
+            assert time.monotonic() < deadline, "the job did not start"
+            assert job.poll() is None
+            time.sleep(0.2)
+        assert len(job_processes(spec)) >= spec.total_ranks
+        os.kill(
+            job.pid, signal.SIGKILL
+        )  # the launcher dies; its daemons and ranks may not
+        job.wait(timeout=10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    down = sh([BIN / "hybridagg", "cluster", "down", path], timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert job_processes(spec) == [] and leftovers(spec) == []
+    gone = sh(["pgrep", "-f", str(marker)])
+    assert gone.stdout.strip() == "", gone.stdout
+    # the fixture's own down must find nothing left and succeed
+    up = sh([BIN / "hybridagg", "cluster", "up", path], timeout=60)
+    assert up.returncode == 0, up.stderr
