@@ -51,15 +51,19 @@ AGENT_FILE = "agent.sh"
 HOSTS_FILE = "hosts"
 HOSTFILE_FILE = "hostfile"
 
-# tbf's bucket must hold the largest packet the kernel hands it: veth passes
-# GSO packets of up to 64 KiB, so the bucket is at least four of them (a
-# smaller one stalls TCP). Its queue holds 100 ms at the link's rate (at
-# least 4 MiB), so a TCP stream keeps the link busy instead of losing
-# packets to a full queue.
-_MIN_BURST = 256 * 1024
-_MIN_QUEUE = 4 * 1024 * 1024
-_QUEUE_SECONDS = 0.1
-_BURST_SECONDS = 0.004
+# A token bucket lets a burst of its size through at once, so a message
+# smaller than the bucket, sent after an idle moment, would cross faster than
+# the link's rate. The bucket holds the least that keeps TCP at full rate
+# (four of the 64 KiB packets veth hands the shaper; GSO, which makes them
+# that large, stays on: without it the two cores cannot move 1 Gbit/s), and
+# a second bucket of one such packet (tbf's peakrate/mtu) caps the burst at
+# 5% over the rate. The queue holds 30 ms at the rate, at least 4 MiB (with
+# 1 MiB, a 16 MiB exchange at 1 Gbit/s lost packets and half its rate).
+_BURST = 256 * 1024
+_PACKET = 70000  # largest packet: 64 KiB of GSO data and its headers
+_PEAK_OVER = 1.05
+_MIN_QUEUE = 4 << 20
+_QUEUE_SECONDS = 0.03
 
 
 def namespace_name(spec: ClusterSpec, host: Host | str) -> str:
@@ -94,18 +98,12 @@ def shaping_commands(link: Link, device: str, netns: str | None) -> list[list[st
     head = tc + ["qdisc", "add", "dev", device]
     tbf = []
     if link.rate_bps is not None:
-        rate = link.rate_bps / 8
-        burst = max(_MIN_BURST, int(rate * _BURST_SECONDS))
-        limit = max(_MIN_QUEUE, int(rate * _QUEUE_SECONDS))
+        limit = max(_MIN_QUEUE, int(link.rate_bps / 8 * _QUEUE_SECONDS))
+        peak = int(link.rate_bps * _PEAK_OVER)
         tbf = [
-            "tbf",
-            "rate",
-            f"{link.rate_bps}bit",
-            "burst",
-            str(burst),
-            "limit",
-            str(limit),
-        ]
+            "tbf", "rate", f"{link.rate_bps}bit", "burst", str(_BURST),
+            "peakrate", f"{peak}bit", "mtu", str(_PACKET), "limit", str(limit),
+        ]  # fmt: skip
     if link.latency_ms <= 0:
         return [head + ["root"] + tbf] if tbf else []
     delay = ["netem", "delay", f"{link.latency_ms:g}ms", "limit", "100000"]
