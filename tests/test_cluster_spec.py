@@ -66,8 +66,10 @@ def test_the_example_file_loads():
     assert spec.total_ranks == 5
     assert [spec.host_of_rank(r).name for r in range(5)] == ["a", "a", "b", "b", "ps"]
     assert spec.source == str(EXAMPLE)
-    for rank in (5,):
-        with pytest.raises(ValueError, match="rank out of range"):
+    for rank in (5, -1):
+        with pytest.raises(
+            ValueError, match=f"rank {rank} out of range: .* has 5 ranks"
+        ):
             spec.host_of_rank(rank)
 
 

@@ -125,12 +125,20 @@ class ClusterSpec:
         return str(self.subnet.broadcast_address - 1)
 
     def host_of_rank(self, rank: int) -> Host:
-        """The host of a world rank (ranks fill the hosts in order)."""
-        for host in self.hosts:
-            if rank < host.ranks:
-                return host
-            rank -= host.ranks
-        raise ValueError(f"rank out of range: the cluster has {self.total_ranks}")
+        """The host of a world rank (ranks fill the hosts in order).
+
+        Raises:
+            ValueError: ``rank`` is negative or not below :attr:`total_ranks`.
+        """
+        left = rank
+        if left >= 0:  # a negative rank would otherwise land on the first host
+            for host in self.hosts:
+                if left < host.ranks:
+                    return host
+                left -= host.ranks
+        raise ValueError(
+            f"rank {rank} out of range: the cluster has {self.total_ranks} ranks"
+        )
 
     def to_dict(self) -> dict:
         """The description as plain data (the state file of a running cluster)."""
