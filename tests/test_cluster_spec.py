@@ -144,6 +144,11 @@ REFUSALS = [
     (host(extra='latency_ms = "1ms"'), ["hosts[0] (a): latency_ms", "'1ms'"]),
     # subnet
     (f'subnet = "8.8.8.0/24"\n{TWO_HOSTS}', ["8.8.8.0/24 is not a private network"]),
+    (f'subnet = "0.0.0.0/24"\n{TWO_HOSTS}', ["0.0.0.0/24 is not a private network"]),
+    (f'subnet = "240.0.0.0/24"\n{TWO_HOSTS}', ["240.0.0.0/24 is not a private"]),
+    (f'subnet = "127.0.0.0/24"\n{TWO_HOSTS}', ["127.0.0.0/24 is not a private"]),
+    (f'subnet = "169.254.1.0/24"\n{TWO_HOSTS}', ["169.254.1.0/24 is not a private"]),
+    (f'subnet = "10.0.0.0/7"\n{TWO_HOSTS}', ["within 10.0.0.0/8, 172.16.0.0/12"]),
     (f'subnet = "not a network"\n{TWO_HOSTS}', ["subnet must be", "'not a network'"]),
     (f'subnet = "10.0.0.1/24"\n{TWO_HOSTS}', ["subnet must be", "'10.0.0.1/24'"]),
     (f'subnet = "10.0.0.0/30"\n{TWO_HOSTS}', ["2 hosts do not fit", "room for 1"]),
