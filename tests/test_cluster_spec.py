@@ -588,6 +588,18 @@ def test_cluster_keeps_a_smaller_rank_count():
             {},
             "inside a Slurm allocation",
         ),
+        (  # srun on PATH: "auto" would pick srun and drop the cluster
+            [],
+            {"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2"},
+            {"srun": True},
+            "inside a Slurm allocation",
+        ),
+        (
+            [],
+            {"SLURM_JOB_ID": "5", "SLURM_HET_SIZE": "2"},
+            {"srun": True},
+            "inside a Slurm allocation",
+        ),
         (
             [],
             {},
