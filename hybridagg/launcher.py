@@ -701,6 +701,13 @@ def plan_launch(
     """
     probes = probes or Probes()
     in_slurm = bool(envvars.get_str("SLURM_JOB_ID", environ))
+    # before the launcher is chosen: inside an allocation "auto" is srun,
+    # which would start the job on the allocation's nodes, not the cluster's
+    if options.cluster is not None and (in_slurm or options.hostfile is not None):
+        raise LaunchError(
+            "--cluster places the ranks on the emulated hosts itself: it does not "
+            "go with --hostfile or inside a Slurm allocation"
+        )
     het_size = envvars.get_str("SLURM_HET_SIZE", environ)
     if het_size is not None and not _POSITIVE.fullmatch(het_size):
         raise LaunchError(f"SLURM_HET_SIZE='{het_size}' is not a component count")
@@ -738,11 +745,6 @@ def plan_launch(
         )
 
     mpiexec = find_mpiexec(environ, probes)
-    if options.cluster is not None and (in_slurm or options.hostfile is not None):
-        raise LaunchError(
-            "--cluster places the ranks on the emulated hosts itself: it does not "
-            "go with --hostfile or inside a Slurm allocation"
-        )
     nranks = str(options.nranks) if options.nranks is not None else None
     if nranks is None and in_slurm:
         nranks = envvars.get_str("SLURM_NTASKS", environ)

@@ -47,6 +47,12 @@ _CLUSTER_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")
 _HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,7}")
 _RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)bit", re.IGNORECASE)
 _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+# Python's is_private also holds for 0.0.0.0/8, 240.0.0.0/4 and the
+# documentation ranges, and its list differs between Python releases; the
+# three RFC 1918 networks are the private ones everywhere.
+_PRIVATE = tuple(
+    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
 _TOP_KEYS = {"name", "subnet", "bandwidth", "latency_ms", "hosts"}
 _HOST_KEYS = {"name", "ranks", "bandwidth", "latency_ms"}
 
@@ -125,12 +131,20 @@ class ClusterSpec:
         return str(self.subnet.broadcast_address - 1)
 
     def host_of_rank(self, rank: int) -> Host:
-        """The host of a world rank (ranks fill the hosts in order)."""
-        for host in self.hosts:
-            if rank < host.ranks:
-                return host
-            rank -= host.ranks
-        raise ValueError(f"rank out of range: the cluster has {self.total_ranks}")
+        """The host of a world rank (ranks fill the hosts in order).
+
+        Raises:
+            ValueError: ``rank`` is negative or not below :attr:`total_ranks`.
+        """
+        left = rank
+        if left >= 0:  # a negative rank would otherwise land on the first host
+            for host in self.hosts:
+                if left < host.ranks:
+                    return host
+                left -= host.ranks
+        raise ValueError(
+            f"rank {rank} out of range: the cluster has {self.total_ranks} ranks"
+        )
 
     def to_dict(self) -> dict:
         """The description as plain data (the state file of a running cluster)."""
@@ -228,10 +242,10 @@ def parse(data: Mapping, source: str = "<cluster>") -> ClusterSpec:
             f"{source}: subnet must be an IPv4 network such as {DEFAULT_SUBNET!r}, "
             f"got {subnet_text!r}"
         ) from None
-    if not subnet.is_private or subnet.is_loopback or subnet.is_link_local:
+    if not any(subnet.subnet_of(private) for private in _PRIVATE):
         raise ValueError(
-            f"{source}: subnet {subnet} is not a private network (use one of "
-            "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16)"
+            f"{source}: subnet {subnet} is not a private network (use one within "
+            f"{', '.join(map(str, _PRIVATE))})"
         )
     default = _link(data, Link(), source)
     hosts_data = data.get("hosts")
