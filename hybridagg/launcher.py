@@ -703,10 +703,12 @@ def plan_launch(
     in_slurm = bool(envvars.get_str("SLURM_JOB_ID", environ))
     # before the launcher is chosen: inside an allocation "auto" is srun,
     # which would start the job on the allocation's nodes, not the cluster's
-    if options.cluster is not None and (in_slurm or options.hostfile is not None):
+    if options.cluster is not None and (
+        in_slurm or options.hostfile is not None or options.launcher == "srun"
+    ):
         raise LaunchError(
             "--cluster places the ranks on the emulated hosts itself: it does not "
-            "go with --hostfile or inside a Slurm allocation"
+            "go with --hostfile, --launcher srun or inside a Slurm allocation"
         )
     het_size = envvars.get_str("SLURM_HET_SIZE", environ)
     if het_size is not None and not _POSITIVE.fullmatch(het_size):

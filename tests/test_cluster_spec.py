@@ -621,6 +621,17 @@ def test_cluster_with_a_hostfile_is_refused(tmp_path):
         plan_cluster(["--hostfile", str(hosts), "a.out"])
 
 
+def test_cluster_with_launcher_srun_is_refused_naming_the_cluster():
+    with pytest.raises(launcher.LaunchError, match="--cluster .* --launcher srun"):
+        plan_cluster(["--launcher", "srun", "a.out"])
+
+
+def test_an_unknown_host_has_no_address():
+    spec = load(EXAMPLE)
+    with pytest.raises(ValueError, match="no host 'zz' \\(hosts: a, b, ps\\)"):
+        spec.address("zz")
+
+
 def test_a_bad_cluster_file_is_a_launch_error_naming_it(tmp_path):
     bad = write(tmp_path, host(ranks="0"))
     for path in (bad, tmp_path / "missing.toml"):

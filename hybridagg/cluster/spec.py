@@ -122,7 +122,10 @@ class ClusterSpec:
     def address(self, host: Host | str) -> str:
         """A host's address: the subnet's first, second, ... in file order."""
         name = host if isinstance(host, str) else host.name
-        index = [h.name for h in self.hosts].index(name)
+        names = [h.name for h in self.hosts]
+        if name not in names:
+            raise ValueError(f"{self.source}: no host {name!r} (hosts: {', '.join(names)})")
+        index = names.index(name)
         return str(self.subnet.network_address + 1 + index)
 
     @property
