@@ -622,7 +622,7 @@ def test_cluster_with_a_hostfile_is_refused(tmp_path):
 
 
 def test_cluster_with_launcher_srun_is_refused_naming_the_cluster():
-    with pytest.raises(launcher.LaunchError, match="--cluster .* --launcher srun"):
+    with pytest.raises(launcher.LaunchError, match=r"--cluster .* --launcher srun"):
         plan_cluster(["--launcher", "srun", "a.out"])
 
 

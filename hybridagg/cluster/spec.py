@@ -124,7 +124,9 @@ class ClusterSpec:
         name = host if isinstance(host, str) else host.name
         names = [h.name for h in self.hosts]
         if name not in names:
-            raise ValueError(f"{self.source}: no host {name!r} (hosts: {', '.join(names)})")
+            raise ValueError(
+                f"{self.source}: no host {name!r} (hosts: {', '.join(names)})"
+            )
         index = names.index(name)
         return str(self.subnet.network_address + 1 + index)
 
