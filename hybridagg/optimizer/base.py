@@ -403,6 +403,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The gradient reducer (bucket sizes, timings, the last bucket's strategy)."""
         return self._reducer
 
+    def progress(self) -> None:
+        """Advance the group's reduction in flight: post the buckets whose
+        gradients are ready, test those posted (called while the rank
+        emulates compute, as a communication thread would run meanwhile)."""
+        self._reducer.progress()
+
     # --- queries whose answer depends on the mode (sync's answers here) ----------
     def request_stop(self) -> None:
         """Hybrid/async: ask every group to stop (sent with this group's next push)."""

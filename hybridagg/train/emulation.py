@@ -45,6 +45,14 @@ class Pacer:
             start,
         )
 
+    @property
+    def emulating(self) -> bool:
+        """Whether steps are paced at all: a base time per sample, or some
+        phase gives this rank a factor other than 1."""
+        return self.sample_ms > 0 or any(
+            factors.get(self.rank, 1.0) != 1.0 for _, factors in self.slowdown.phases
+        )
+
     def factor(self, now: float | None = None) -> float:
         """This rank's factor now."""
         now = time.perf_counter() if now is None else now

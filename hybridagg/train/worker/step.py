@@ -11,6 +11,7 @@ import torch
 
 from ...optimizer import DistributedOptimizer
 from ..emulation import Pacer
+from ..pacing import LayerPacer, module_costs
 from .epochs import Epochs
 
 if TYPE_CHECKING:  # stopping reads the STOP column from here
@@ -87,7 +88,7 @@ def nonfinite_losses(shared: torch.Tensor, ranks: list[int]) -> str | None:
 
 
 class Stepper:
-    """Owns the step itself: batch, forward and backward, pacing, shared values, step.
+    """Owns the step itself: batch, forward and backward (paced inside), shared values, step.
 
     Args:
         model: The model being trained.
@@ -110,6 +111,16 @@ class Stepper:
     ) -> None:
         self.model, self.opt, self.loader = model, opt, loader
         self.pacer, self.signal, self.ranks = pacer, signal, ranks
+        self.layers: LayerPacer | None = None  # made at the first batch
+
+    def _layers(self, sample: torch.Tensor) -> LayerPacer:
+        """The pacer that spends the emulated time inside forward and backward."""
+        if self.layers is None:
+            costs = module_costs(self.model, sample) if self.pacer.emulating else {}
+            self.layers = LayerPacer(
+                self.model, self.pacer, costs, progress=self.opt.progress
+            )
+        return self.layers
 
     def step(self, epochs: Epochs) -> StepResult:
         """Take the epoch's next batch (or none) through one update."""
@@ -120,15 +131,16 @@ class Stepper:
         n = 0 if batch is None else len(batch[1])
         opt.set_samples(n)
         opt.zero_grad()
-        t0 = time.perf_counter()
         loss_value = None
+        compute = slept = 0.0
         if n:
             x, y = batch
+            layers = self._layers(x[:1])
+            layers.begin(n)
             loss = loss_fn(self.model(x), y)
             loss.backward()
             loss_value = float(loss.detach())
-        compute = time.perf_counter() - t0
-        slept = self.pacer.pace(n, compute)
+            compute, slept = layers.end()
         # static shares know when this worker's epoch ends; None: unknown (dynamic)
         more = 0.0 if loader.batches_left == 0 else 1.0
         loss_out = 0.0 if loss_value is None else loss_value

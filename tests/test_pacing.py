@@ -1,0 +1,206 @@
+"""Emulated compute where it happens (hybridagg.train.pacing), on a fake clock.
+
+The pacer's sleeps go to a fake clock, so the tests read the emulated time
+at which each event happened exactly, without timing anything.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hybridagg.slowdown import Slowdown, parse_slowdown
+from hybridagg.train.emulation import Pacer
+from hybridagg.train.pacing import LayerPacer, module_costs
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
+def grad_times(model: nn.Module, clock: FakeClock) -> dict[int, float]:
+    """Emulated time at which each parameter's gradient becomes ready."""
+    ready: dict[int, float] = {}
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(
+            lambda p, i=i: ready.__setitem__(i, clock.t)
+        )
+    return ready
+
+
+def test_costs_are_each_modules_own_multiply_adds():
+    costs = module_costs(mlp(), torch.zeros(1, 64))
+    # addmm counts 2 per multiply-add; activations count nothing
+    assert costs == {"1": 2 * 64 * 128, "3": 2 * 128 * 64, "5": 2 * 64 * 10}
+
+
+def test_a_containers_own_work_is_not_its_childrens():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(8, 8)
+            self.own = nn.Parameter(torch.ones(8, 8))
+
+        def forward(self, x):
+            return self.inner(x) @ self.own  # 2*8*8 of its own
+
+    model = nn.Sequential(Block(), nn.Linear(8, 2))
+    costs = module_costs(model, torch.zeros(1, 8))
+    assert costs == {"0": 128.0, "0.inner": 128.0, "1": 32.0}
+
+
+def test_counting_leaves_batch_norm_in_training_mode_untouched():
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1)
+    )
+    before = model[1].running_mean.clone()
+    costs = module_costs(model, torch.zeros(1, 1, 8, 8))  # one sample: BN needs eval
+    assert model.training and torch.equal(model[1].running_mean, before)
+    assert costs == {"0": 2 * 4 * 9 * 36}
+
+
+def test_the_step_is_spent_in_forward_then_backward_layer_by_layer():
+    model, clock = mlp(), FakeClock()
+    ready = grad_times(model, clock)
+    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
+    layers = LayerPacer(
+        model,
+        pacer,
+        module_costs(model, torch.zeros(1, 64)),
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    layers.begin(30)  # 30 ms emulated
+    out = model(torch.randn(30, 64))
+    assert clock.t == pytest.approx(0.010)  # forward: a third of the step
+    out.sum().backward()
+    total = 3 * (16384 + 16384 + 1280)
+    # the last layer's gradients first, after its own backward share ...
+    assert ready[4] == ready[5] == pytest.approx(0.010 + 0.030 * 2 * 1280 / total)
+    # ... the middle layer's next, the first layer's at the end of the step
+    assert (
+        ready[2]
+        == ready[3]
+        == pytest.approx(0.010 + 0.030 * 2 * (1280 + 16384) / total)
+    )
+    assert ready[0] == ready[1] == pytest.approx(0.030)
+    compute, slept = layers.end()
+    assert (compute, slept) == (pytest.approx(0.0), pytest.approx(0.030))
+    assert clock.t == pytest.approx(0.030)
+
+
+def test_real_compute_counts_toward_the_schedule():
+    """Deadlines, not durations: a step lasts max(target, real compute)."""
+    model, clock = mlp(), FakeClock()
+    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
+    layers = LayerPacer(
+        model,
+        pacer,
+        module_costs(model, torch.zeros(1, 64)),
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    model[1].register_forward_pre_hook(lambda *a: setattr(clock, "t", clock.t + 0.004))
+    layers.begin(10)  # 10 ms emulated; the first layer really takes 4 ms
+    model(torch.randn(10, 64)).sum().backward()
+    compute, slept = layers.end()
+    assert clock.t == pytest.approx(0.010)
+    assert compute == pytest.approx(0.004) and slept == pytest.approx(0.006)
+
+    model[3].register_forward_pre_hook(lambda *a: setattr(clock, "t", clock.t + 0.020))
+    layers.begin(10)  # now the real compute (24 ms) exceeds the target
+    model(torch.randn(10, 64)).sum().backward()
+    compute, slept = layers.end()
+    assert compute == pytest.approx(0.024) and slept == pytest.approx(0.0)
+
+
+def test_a_bare_factor_stretches_each_stretch_of_compute_where_it_ran():
+    model, clock = mlp(), FakeClock()
+    pacer = Pacer(parse_slowdown("0:3"), 0, sample_ms=0.0, start=0.0)
+    layers = LayerPacer(
+        model,
+        pacer,
+        module_costs(model, torch.zeros(1, 64)),
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    model[1].register_forward_pre_hook(lambda *a: setattr(clock, "t", clock.t + 0.002))
+    layers.begin(8)
+    model(torch.randn(8, 64))
+    # the first layer's 2 ms became 6 ms before the next layer ran
+    assert clock.t == pytest.approx(0.006) and clock.sleeps == [pytest.approx(0.004)]
+    compute, slept = layers.end()
+    assert compute == pytest.approx(0.002) and slept == pytest.approx(0.004)
+
+
+def test_progress_runs_while_the_rank_sleeps():
+    model, clock = mlp(), FakeClock()
+    calls = []
+    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
+    layers = LayerPacer(
+        model,
+        pacer,
+        module_costs(model, torch.zeros(1, 64)),
+        progress=lambda: calls.append(clock.t),
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    layers.begin(30)
+    model(torch.randn(30, 64)).sum().backward()
+    layers.end()
+    # in slices of at most a millisecond, from the first sleep to the last
+    assert len(calls) >= 30 and max(clock.sleeps) <= 0.001 + 1e-12
+    assert calls[0] < 0.001 and calls[-1] <= 0.030
+
+
+def test_no_batch_no_emulation_and_free_removes_the_hooks():
+    model, clock = mlp(), FakeClock()
+    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
+    layers = LayerPacer(
+        model,
+        pacer,
+        module_costs(model, torch.zeros(1, 64)),
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+    layers.begin(0)
+    model(torch.randn(4, 64)).sum().backward()
+    assert layers.end() == (0.0, 0.0) and clock.t == 0.0
+    model(torch.randn(4, 64))  # outside a step (validation): nothing slept
+    assert clock.t == 0.0
+    layers.free()
+    layers.begin(30)
+    model(torch.randn(30, 64)).sum().backward()
+    assert clock.t == 0.0  # no hook left: the whole step is slept at its end
+    layers.end()
+    assert clock.t == pytest.approx(0.030)
+
+
+def test_emulating_only_with_a_base_time_or_a_factor_for_this_rank():
+    assert not Pacer(Slowdown(), 0, 0.0, 0.0).emulating
+    assert Pacer(Slowdown(), 0, 1.0, 0.0).emulating
+    assert Pacer(parse_slowdown("1:4"), 1, 0.0, 0.0).emulating
+    assert not Pacer(parse_slowdown("1:4"), 0, 0.0, 0.0).emulating
+    assert Pacer(parse_slowdown("0:1@0;0:2@30"), 0, 0.0, 0.0).emulating
