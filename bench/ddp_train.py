@@ -35,6 +35,7 @@ from hybridagg.train.config import TrainConfig
 from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
 from hybridagg.train.evaluate import Evaluator
 from hybridagg.train.models import build_model
+from hybridagg.train.pacing import LayerPacer, module_costs
 
 
 def _wrap(backend: str, model: torch.nn.Module, cfg: TrainConfig, n: int):
@@ -71,20 +72,25 @@ def train_ddp(cfg: TrainConfig, comm: Comm, backend: str = "ddp") -> dict | None
     comm.barrier(what="start")
     start = time.perf_counter()
     pacer = Pacer(slowdown, rank, cfg.sample_ms, start)
+    layers = None  # the emulated compute inside forward and backward, as in hybridagg
     samples, updates, evals_s, first, bucket, accuracy = 0, 0, 0.0, None, 0, None
     epochs = cfg.max_epochs or 1
     for _ in range(epochs):
         for x, y in loader:
             opt.zero_grad()
-            t0 = time.perf_counter()
+            if layers is None:
+                costs = module_costs(model, x[:1]) if pacer.emulating else {}
+                # no progress calls: DDP's and Horovod's communication runs in
+                # their own background threads
+                layers = LayerPacer(model, pacer, costs)
+            layers.begin(len(y))
             out = ddp(x)
             if len(y):
                 loss = torch.nn.functional.cross_entropy(out, y)
             else:  # a worker whose static share ran out joins with zeros
                 loss = out.sum() * 0.0
-            forward = time.perf_counter() - t0
-            pacer.pace(len(y), 3 * forward)  # sleep the rest of the emulated compute
             loss.backward()  # the all-reduce (an empty share still joins with 0s)
+            layers.end()
             opt.step()
             samples += len(y)
             updates += 1

@@ -27,6 +27,13 @@ level is trained by every mode on the same data, model, seeds and emulation:
   at each, which shows its spread between runs) and is not run at the
   ``change`` level, whose fast pair changes.
 
+``--model NAME`` trains another zoo model (e.g. ``resnet50-twin``: ResNet-50's
+gradients at a fraction of its compute) in every mode, DDP and Horovod
+included. ``--cluster FILE`` runs every job on an emulated cluster brought
+up with ``hybridagg cluster up FILE`` (``hybridagg-run --cluster``): ranks
+fill its hosts in order, so with ``examples/cluster.toml`` the hybrid
+groups {0,1} and {2,3} are its hosts a and b and the server is on ps.
+
 Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
 start-up of an MPI job with torch costs seconds). Reported per cell: median
 and range over seeds of the time to ``--target-accuracy`` (training time,
@@ -127,6 +134,8 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         str(args.target_accuracy),
         "--eval-every",
         str(args.eval_every),
+        "--model",
+        args.model,
     ]
     out = tmp / f"{mode}-{level}.json".replace("+", "_")
     seeds = ",".join(str(s) for s in range(args.seeds))
@@ -157,9 +166,19 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             *shlex.split(args.train_extra),
             "--no-progress",
         ]
-    result = runner.run_job(
-        runner.mpiexec_argv(nranks, cmd), timeout=args.timeout, env=runner.mpiexec_env()
-    )
+    if args.cluster:
+        launch = [
+            "hybridagg-run",
+            "--cluster",
+            args.cluster,
+            "-n",
+            str(nranks),
+            "--",
+            *cmd,
+        ]
+    else:
+        launch = runner.mpiexec_argv(nranks, cmd)
+    result = runner.run_job(launch, timeout=args.timeout, env=runner.mpiexec_env())
     if result.returncode != 0 or not out.exists():
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"hetero: {mode} at level {level} failed")
@@ -300,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seeds", default="5", help="seeds per cell (inner: the list)")
     p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--model", default="mlp", help="a zoo name, in every mode")
+    p.add_argument(
+        "--cluster", help="run every job on this emulated cluster (it must be up)"
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--sample-ms", type=float, default=1.0)
