@@ -168,7 +168,7 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         ]
     if args.cluster:
         launch = [
-            "hybridagg-run",
+            str(Path(sys.executable).parent / "hybridagg-run"),
             "--cluster",
             args.cluster,
             "-n",
