@@ -320,7 +320,7 @@ class ShapeTwin(nn.Module):
     Parameters: one per reference parameter, same shape, dtype and order
     (``parameters()`` of both zip shape for shape), named as the reference's
     with dots made underscores, freshly initialised (uniform in
-    ``+-1/sqrt(last dim)``). Buffers: the reference's, same shapes and
+    ``+-1/sqrt(fan-in)``). Buffers: the reference's, same shapes and
     dtypes, so that what an optimizer averages or a checkpoint holds is the
     same size too; the twin does not use them.
 
@@ -330,9 +330,10 @@ class ShapeTwin(nn.Module):
     passes through every parameter in registration order: for ``P`` viewed
     as ``(rows, k)`` (``rows`` its first dimension, 1 for a vector),
     ``y = P @ v`` with ``v`` the ``k`` first values of ``h`` repeated, and
-    ``h += c * tanh(pool(y))`` (``pool`` folds ``y`` onto ``h``'s size). The gradient of ``P``
-    is the outer product of ``v`` with ``y``'s gradient: dense, input
-    dependent, at O(numel) cost per step whatever the batch. Since each
+    ``h += c * tanh(pool(y))`` (``pool`` folds ``y`` onto ``h``'s size).
+    The gradient of ``P`` is the outer product of ``v`` with ``y``'s
+    gradient: dense, input dependent, at O(numel) cost per step whatever
+    the batch. Since each
     parameter's term needs the hidden state that all later ones read,
     autograd finishes the last parameter first, as in the real model's
     backward. Logits: ``(z + h) @ W`` for a fixed ``W``, so each sample gets
@@ -442,10 +443,12 @@ def twin(
     reference: nn.Module,
     sample_shape: tuple[int, ...],
     num_classes: int,
-    **kwargs,
+    *,
+    width: int = 64,
+    seed: int = 0,
 ) -> ShapeTwin:
     """The :class:`ShapeTwin` of ``reference`` for samples of ``sample_shape``."""
-    return ShapeTwin(reference, sample_shape, num_classes, **kwargs)
+    return ShapeTwin(reference, sample_shape, num_classes, width=width, seed=seed)
 
 
 def _twin_of(factory, sample_shape: tuple[int, ...], num_classes: int) -> ShapeTwin:
