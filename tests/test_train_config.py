@@ -131,7 +131,10 @@ def test_help_shows_the_groups_and_the_defaults():
         assert title in text
     flat = " ".join(text.split())
     assert "per worker (default 32)" in flat
-    assert "cnn, mlp, resnet or package.module:factory (default mlp)" in flat
+    assert (
+        "cnn, gpt2, gpt2-twin, mlp, resnet, resnet18, resnet18-twin, resnet50, "
+        "resnet50-twin or package.module:factory (default mlp)"
+    ) in flat
     assert "--no-progress turn off the progress bar" in flat
 
 
@@ -172,12 +175,15 @@ def test_the_backends_are_the_optimizer_s():
 
 
 def test_the_zoo_names_every_factory():
-    from hybridagg.train import models
+    from hybridagg.train import architectures, models
     from hybridagg.train.zoo import MODELS
 
+    homes = {m.__name__: m for m in (models, architectures)}
     for name, path in MODELS.items():
         module, _, attr = path.partition(":")
-        assert module == models.__name__ and callable(getattr(models, attr)), name
+        assert module in homes and callable(getattr(homes[module], attr)), name
+    assert {"resnet18", "resnet50", "gpt2"} <= MODELS.keys()
+    assert {f"{n}-twin" for n in ("resnet18", "resnet50", "gpt2")} <= MODELS.keys()
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "-Infinity"])
