@@ -207,3 +207,35 @@ def test_train_runs_the_resnet50_twin(digits, tmp_path):
     s = summary(out)
     assert s["model"] == "resnet50-twin" and s["steps"] == 2
     assert s["samples"] == 2 * s["batch_size"]
+
+
+def test_the_resnet50_twin_learns_the_digits_through_the_real_head(digits, tmp_path):
+    """Its head is ResNet-50's fc on random features: times to target are real."""
+    out = tmp_path / "s.json"
+    args = [
+        "--data",
+        digits,
+        "--model",
+        "resnet50-twin",
+        "--epochs",
+        "4",
+        "--lr",
+        "0.05",
+    ]
+    result = run_train(
+        2, [*args, "--mode", "sync", "--no-progress", "--summary", str(out)]
+    )
+    assert result.returncode == 0, output(result)[-3000:]
+    assert summary(out)["final_accuracy"] >= 0.9  # chance is 0.1
+
+
+def test_a_twin_without_a_classifier_head_keeps_fixed_logits():
+    from hybridagg.train.architectures import _classifier
+
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
+    assert _classifier(ref, 3) == ("2_weight", "2_bias", 16)
+    assert _classifier(ref, 4) is None
+    no_bias = torch.nn.Sequential(torch.nn.Linear(8, 5, bias=False))
+    assert _classifier(no_bias, 5) == ("0_weight", None, 8)

@@ -336,8 +336,13 @@ class ShapeTwin(nn.Module):
     the batch. Since each
     parameter's term needs the hidden state that all later ones read,
     autograd finishes the last parameter first, as in the real model's
-    backward. Logits: ``(z + h) @ W`` for a fixed ``W``, so each sample gets
-    its own and training shifts them all; the twin learns nothing more.
+    backward. Logits: ``(z + h) @ W`` for a fixed ``W``, plus, when the
+    reference ends in a classifier (a last weight of ``(num_classes, k)``,
+    with or without a bias), that classifier applied to ``k`` fixed random
+    ReLU features of each sample. So the twin learns the task as a
+    random-feature linear model does (the digits to above 0.9), with its
+    head's gradients ready first, as the real head's are, and a time to
+    target can be measured on it; its compute stays the twin's.
 
     Args:
         reference: The model to mirror (may live on the ``meta`` device).
@@ -397,6 +402,7 @@ class ShapeTwin(nn.Module):
                 f"twin: {type(reference).__name__} has no parameters to mirror"
             )
         self.reference_names = tuple(names)
+        self._head = _classifier(reference, num_classes)
         for name, b in reference.named_buffers():
             self.register_buffer(flat(name), torch.zeros(b.shape, dtype=b.dtype))
         # a step of 1/sqrt(L) keeps the chain of L near-identity updates
@@ -414,14 +420,16 @@ class ShapeTwin(nn.Module):
             # the offset keeps gradients dense for an all-zero batch as well
             offset = torch.randn(d, generator=gen)
             out = torch.randn(d, self.num_classes, generator=gen) / math.sqrt(d)
+            k = self._head[2] if self._head else 1
+            features = torch.randn(n, k, generator=gen) * math.sqrt(2.0 / n)
             self._constants[key] = tuple(
-                t.to(device=device, dtype=dtype) for t in (proj, offset, out)
+                t.to(device=device, dtype=dtype) for t in (proj, offset, out, features)
             )
         return self._constants[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(len(x), -1)
-        proj, offset, out = self._fixed(flat.device, flat.dtype)
+        proj, offset, out, features = self._fixed(flat.device, flat.dtype)
         z = flat @ proj + offset
         h = z.mean(0)
         d = self.width
@@ -436,7 +444,28 @@ class ShapeTwin(nn.Module):
             if pad:
                 y = F.pad(y, (0, pad))
             h = h + self._step * torch.tanh(y.view(-1, d).mean(0))
-        return (z + h) @ out
+        logits = (z + h) @ out
+        if self._head:
+            weight, bias, _ = self._head
+            params = dict(self.named_parameters())
+            logits = logits + F.linear(
+                torch.relu(flat @ features),
+                params[weight],
+                params[bias] if bias else None,
+            )
+        return logits
+
+
+def _classifier(reference: nn.Module, num_classes: int) -> tuple | None:
+    """``(weight, bias or None, k)`` (flattened names) when the reference's
+    last parameters are a ``(num_classes, k)`` classifier; else ``None``."""
+    named = list(reference.named_parameters())
+    bias = None
+    if named and tuple(named[-1][1].shape) == (num_classes,):
+        bias = _flat_name(named.pop()[0])
+    if named and named[-1][1].dim() == 2 and named[-1][1].shape[0] == num_classes:
+        return _flat_name(named[-1][0]), bias, int(named[-1][1].shape[1])
+    return None
 
 
 def twin(
