@@ -40,6 +40,19 @@ def mlp() -> nn.Module:
     )
 
 
+def paced(
+    model: nn.Module,
+    clock: FakeClock,
+    sample_ms: float = 1.0,
+    spec: str | None = None,
+    **kw,
+):
+    """A LayerPacer on ``model`` for rank 0, sleeping on ``clock``."""
+    pacer = Pacer(parse_slowdown(spec), 0, sample_ms=sample_ms, start=0.0)
+    costs = module_costs(model, torch.zeros(1, 64))
+    return LayerPacer(model, pacer, costs, clock=clock.now, sleep=clock.sleep, **kw)
+
+
 def grad_times(model: nn.Module, clock: FakeClock) -> dict[int, float]:
     """Emulated time at which each parameter's gradient becomes ready."""
     ready: dict[int, float] = {}
@@ -84,14 +97,7 @@ def test_counting_leaves_batch_norm_in_training_mode_untouched():
 def test_the_step_is_spent_in_forward_then_backward_layer_by_layer():
     model, clock = mlp(), FakeClock()
     ready = grad_times(model, clock)
-    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
-    layers = LayerPacer(
-        model,
-        pacer,
-        module_costs(model, torch.zeros(1, 64)),
-        clock=clock.now,
-        sleep=clock.sleep,
-    )
+    layers = paced(model, clock)
     layers.begin(30)  # 30 ms emulated
     out = model(torch.randn(30, 64))
     assert clock.t == pytest.approx(0.010)  # forward: a third of the step
@@ -114,14 +120,7 @@ def test_the_step_is_spent_in_forward_then_backward_layer_by_layer():
 def test_real_compute_counts_toward_the_schedule():
     """Deadlines, not durations: a step lasts max(target, real compute)."""
     model, clock = mlp(), FakeClock()
-    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
-    layers = LayerPacer(
-        model,
-        pacer,
-        module_costs(model, torch.zeros(1, 64)),
-        clock=clock.now,
-        sleep=clock.sleep,
-    )
+    layers = paced(model, clock)
     model[1].register_forward_pre_hook(lambda *a: setattr(clock, "t", clock.t + 0.004))
     layers.begin(10)  # 10 ms emulated; the first layer really takes 4 ms
     model(torch.randn(10, 64)).sum().backward()
@@ -138,14 +137,7 @@ def test_real_compute_counts_toward_the_schedule():
 
 def test_a_bare_factor_stretches_each_stretch_of_compute_where_it_ran():
     model, clock = mlp(), FakeClock()
-    pacer = Pacer(parse_slowdown("0:3"), 0, sample_ms=0.0, start=0.0)
-    layers = LayerPacer(
-        model,
-        pacer,
-        module_costs(model, torch.zeros(1, 64)),
-        clock=clock.now,
-        sleep=clock.sleep,
-    )
+    layers = paced(model, clock, sample_ms=0.0, spec="0:3")
     model[1].register_forward_pre_hook(lambda *a: setattr(clock, "t", clock.t + 0.002))
     layers.begin(8)
     model(torch.randn(8, 64))
@@ -158,15 +150,7 @@ def test_a_bare_factor_stretches_each_stretch_of_compute_where_it_ran():
 def test_progress_runs_while_the_rank_sleeps():
     model, clock = mlp(), FakeClock()
     calls = []
-    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
-    layers = LayerPacer(
-        model,
-        pacer,
-        module_costs(model, torch.zeros(1, 64)),
-        progress=lambda: calls.append(clock.t),
-        clock=clock.now,
-        sleep=clock.sleep,
-    )
+    layers = paced(model, clock, progress=lambda: calls.append(clock.t))
     layers.begin(30)
     model(torch.randn(30, 64)).sum().backward()
     layers.end()
@@ -177,14 +161,7 @@ def test_progress_runs_while_the_rank_sleeps():
 
 def test_no_batch_no_emulation_and_free_removes_the_hooks():
     model, clock = mlp(), FakeClock()
-    pacer = Pacer(Slowdown(), 0, sample_ms=1.0, start=0.0)
-    layers = LayerPacer(
-        model,
-        pacer,
-        module_costs(model, torch.zeros(1, 64)),
-        clock=clock.now,
-        sleep=clock.sleep,
-    )
+    layers = paced(model, clock)
     layers.begin(0)
     model(torch.randn(4, 64)).sum().backward()
     assert layers.end() == (0.0, 0.0) and clock.t == 0.0
