@@ -37,7 +37,10 @@ groups {0,1} and {2,3} are its hosts a and b and the server is on ps.
 Each (mode, level) is one MPI job that trains ``--seeds`` runs in a row (the
 start-up of an MPI job with torch costs seconds). Reported per cell: median
 and range over seeds of the time to ``--target-accuracy`` (training time,
-validation excluded), samples/s (the true sum over workers), efficiency
+validation excluded), samples/s (the true sum over workers), the cores'
+bound (``hybridagg train``'s ``cores_bound_samples_per_sec``: samples over
+every rank's CPU seconds per core of the machine; emulated compute sleeps,
+so this is what the real work alone allows; "-" for DDP and Horovod), efficiency
 against the ideal throughput (``sum 1000 / (MS x factor)``) and final
 accuracy; ``--json`` has one record per (mode, level, seed) with the
 summary keys of ``hybridagg train``.
@@ -223,6 +226,9 @@ def cells(records: list[dict]) -> list[dict]:
                         [r["samples_per_sec"] for r in rs]
                     ),
                     "efficiency": _median_range([r.get("efficiency") for r in rs]),
+                    "cores_bound": _median_range(
+                        [r.get("cores_bound_samples_per_sec") for r in rs]
+                    ),
                     "final_accuracy": _median_range([r["final_accuracy"] for r in rs]),
                     "staleness": _median_range([r.get("mean_staleness") for r in rs]),
                 }
@@ -245,8 +251,8 @@ def markdown(rows: list[dict], target: float) -> str:
 
     head = (
         f"| level | mode | time to {target:g} (s), median [range] | cut vs sync | "
-        "samples/s | efficiency | final accuracy | staleness |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|"
+        "samples/s | cores' bound | efficiency | final accuracy | staleness |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for c in rows:
@@ -259,7 +265,9 @@ def markdown(rows: list[dict], target: float) -> str:
         level = "changing" if c["level"] == "change" else f"{c['level']}x"
         lines.append(
             f"| {level} | {c['mode']} | {fmt(c['ttt'], '.2f')}{reached} | {cut} | "
-            f"{fmt(c['samples_per_sec'], '.0f')} | {fmt(c['efficiency'], '.2f')} | "
+            f"{fmt(c['samples_per_sec'], '.0f')} | "
+            f"{fmt(c.get('cores_bound', (None, None, None)), '.0f')} | "
+            f"{fmt(c['efficiency'], '.2f')} | "
             f"{fmt(c['final_accuracy'], '.3f')} | {fmt(c['staleness'], '.2f')} |"
         )
     return "\n".join(lines)

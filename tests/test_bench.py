@@ -51,6 +51,11 @@ def test_cells_give_medians_ranges_and_the_cut_against_sync(hetero):
     assert rows["fast-pair"]["cut_vs_sync"] == pytest.approx(1 - 1.5 / 7.0)
     table = hetero.markdown(hetero.cells(records), 0.9)
     assert "| 8x | fast-pair | 1.50 [1.00-2.00] (2/3 reached) | 79% |" in table
+    # the cores' bound beside samples/s, "-" where a run has none (DDP)
+    assert "| 1000 [1000-1000] | - | 0.50 [0.50-0.50] |" in table
+    records[0]["cores_bound_samples_per_sec"] = 4000.0
+    rows = {c["mode"]: c for c in hetero.cells(records)}
+    assert rows["sync"]["cores_bound"] == (4000.0, 4000.0, 4000.0)
 
 
 def test_every_mode_is_known_and_fast_pair_runs_on_two_ranks(hetero):
@@ -137,6 +142,8 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
         train_extra="",
         timeout=60,
         seeds=1,
+        model="resnet50-twin",
+        cluster=None,
     )
     assert hetero.run_cell("fast-pair", "change", args, tmp_path) == []
     assert calls == []
@@ -154,3 +161,10 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     argv = calls[-1]
     assert argv[argv.index("--slowdown") + 1] == "0-1:1,2-3:8"
     assert argv[argv.index("-n") : argv.index("-n") + 2] == ["-n", "5"]
+    assert argv[argv.index("--model") + 1] == "resnet50-twin"
+    # on an emulated cluster every job goes through hybridagg-run --cluster
+    args.cluster = "hosts.toml"
+    hetero.run_cell("hybrid", "8", args, tmp_path)
+    argv = calls[-1]
+    assert Path(argv[0]).name == "hybridagg-run"
+    assert argv[1:5] == ["--cluster", "hosts.toml", "-n", "5"]

@@ -220,6 +220,10 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert s["time_to_target_s"] is not None and s["time_to_target_s"] <= s["wall_s"]
     assert s["epochs"] == 6 and s["samples"] > 0
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
+    # every rank's CPU seconds (servers' too) on this one machine's cores;
+    # the emulated compute sleeps, so the cores leave room here
+    assert s["cpu_s"] > 0 and s["cores"] == (os.cpu_count() or 1), s
+    assert s["cores_bound_samples_per_sec"] > s["samples_per_sec"], s
     # the record says how stale updates were treated (the CLI's defaults)
     assert s["lookahead"] == (s["mode"] != "sync"), s
     assert s["damping"] == (None if s["mode"] == "sync" else "inverse"), s

@@ -17,6 +17,7 @@ from .faults import kill_at
 from .metrics import MetricsWriter
 from .resume import RunStart
 from .survival import FATAL, OK, Ending, RankStatus, end_of_run
+from .usage import machine_usage
 from .worker.report import nonfinite_reason
 from .worker.role import raise_if_nonfinite
 
@@ -48,6 +49,7 @@ class _ServerEvents:
         """The shards are in place: start the clock with the workers."""
         self.topo.comms.world.barrier(what="start of training")
         self.start = time.perf_counter()
+        self.cpu0 = time.process_time()
 
     def on_snapshot(self, number: int, state: dict) -> None:
         """Write this server's part of checkpoint ``number``."""
@@ -105,9 +107,10 @@ class _ServerEvents:
         )
 
 
-def _server_report(stats: ServerStats, rank: int) -> dict:
+def _server_report(stats: ServerStats, rank: int, cpu0: float) -> dict:
     """A server's run report (gathered by every rank at the end)."""
     return {
+        **machine_usage(cpu0),
         "role": "server",
         "version": stats.version,
         "max_staleness": stats.max_staleness,
@@ -188,7 +191,7 @@ class ServerRole:
             return self._serve_surviving(events, metrics, common)
         stats = serve(topo, **common)
         metrics.close()
-        report = _server_report(stats, topo.rank)
+        report = _server_report(stats, topo.rank, events.cpu0)
         reports = world.allgather(report, what="run report")
         world.barrier(what="metrics written")
         topo.comms.free()
@@ -218,7 +221,7 @@ class ServerRole:
                 topo.rank,
                 "server",
                 OK,
-                report=_server_report(stats, topo.rank),
+                report=_server_report(stats, topo.rank, events.cpu0),
                 lost_groups=lost,
             )
             box["end"] = end_of_run(topo, mine, poll=chunks.poll)

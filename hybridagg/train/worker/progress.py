@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from ...optimizer import DistributedOptimizer
 from ...topology import Topology
 from ..config import TrainConfig
 from ..metrics import MetricsWriter
+from ..usage import machine_usage
 from .clock import TrainClock
 from .step import StepResult
 
@@ -41,6 +44,7 @@ class StepLog:
         self.busy = 0.0
         self.wait_total = 0.0
         self.stale_sum, self.stale_n = 0, 0
+        self.cpu0 = time.process_time()
 
     def record(self, r: StepResult, epoch: int) -> None:
         """Count a step and write its record."""
@@ -79,6 +83,7 @@ class StepLog:
             "wall_s": wall_s,
             "stale_sum": self.stale_sum,
             "stale_n": self.stale_n,
+            **machine_usage(self.cpu0),
         }
 
 

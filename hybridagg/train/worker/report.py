@@ -9,6 +9,7 @@ from ...topology import Topology
 from ..config import TrainConfig
 from ..emulation import ideal_samples_per_sec
 from ..metrics import format_table, summary_row
+from ..usage import cores_bound
 
 __all__ = ["nonfinite_reason", "publish", "summarize"]
 
@@ -46,6 +47,7 @@ def summarize(
     samples = sum(r["samples"] for r in workers)
     busy = sum(r["busy_s"] for r in workers)
     stale_n = sum(r["stale_n"] for r in workers)
+    cpu_s, cores, bound = cores_bound(reports, samples)
     if cfg.sample_ms > 0:
         ideal = ideal_samples_per_sec(
             cfg.parsed_slowdown(), topo.num_workers, cfg.sample_ms, wall
@@ -64,6 +66,9 @@ def summarize(
         "samples_per_sec": samples / wall if wall > 0 else 0.0,
         "ideal_samples_per_sec": ideal,
         "efficiency": (samples / wall) / ideal if ideal else None,
+        "cpu_s": cpu_s,
+        "cores": cores,
+        "cores_bound_samples_per_sec": bound,
         "wall_s": wall,
         "time_to_target_s": time_to_target_s,
         "target_accuracy": cfg.target_accuracy,
