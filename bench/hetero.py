@@ -40,7 +40,10 @@ and range over seeds of the time to ``--target-accuracy`` (training time,
 validation excluded), samples/s (the true sum over workers), the cores'
 bound (``hybridagg train``'s ``cores_bound_samples_per_sec``: samples over
 every rank's CPU seconds per core of the machine; emulated compute sleeps,
-so this is what the real work alone allows; "-" for DDP and Horovod), efficiency
+so this is what the real work alone allows; "-" for DDP and Horovod), the
+link bound (with ``--cluster``, modes with servers: the servers' host's
+link rate over the model's bytes, times the samples an update carries; an
+update moves the model in and out of that link once each way), efficiency
 against the ideal throughput (``sum 1000 / (MS x factor)``) and final
 accuracy; ``--json`` has one record per (mode, level, seed) with the
 summary keys of ``hybridagg train``.
@@ -186,9 +189,43 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"hetero: {mode} at level {level} failed")
     records = json.loads(out.read_text())
+    link = None
+    if args.cluster and "--servers" in extra:
+        from hybridagg.cluster import load
+
+        spec = load(args.cluster)
+        link = (
+            spec.host_of_rank(nranks - 1).link.rate_bytes,
+            model_bytes(args.model, args.data),
+        )
     for seed, rec in enumerate(records):
         rec.update({"mode": mode, "level": level, "seed": seed})
+        if link is not None and link[0] is not None:
+            rec["link_bound_samples_per_sec"] = link_bound(
+                link[0], link[1], rec["samples"], rec["steps"]
+            )
     return records
+
+
+def link_bound(
+    rate_bytes: float, param_bytes: int, samples: float, updates: int
+) -> float | None:
+    """Samples/s the servers' link allows: every update pushes the model's
+    gradient in and pulls its weights out over that one link (each way at
+    ``rate_bytes`` B/s), carrying ``samples / updates`` samples."""
+    if updates <= 0 or param_bytes <= 0:
+        return None
+    return rate_bytes / param_bytes * samples / updates
+
+
+def model_bytes(model: str, data: str) -> int:
+    """Bytes of the model's float32 parameters for the data's samples."""
+    from hybridagg.data.loader import load_split_info
+    from hybridagg.train.models import build_model
+
+    info = load_split_info([data], "train")[0]
+    net = build_model(model, info.sample_shape, info.num_classes)
+    return sum(p.numel() * p.element_size() for p in net.parameters())
 
 
 def _median_range(
@@ -229,6 +266,9 @@ def cells(records: list[dict]) -> list[dict]:
                     "cores_bound": _median_range(
                         [r.get("cores_bound_samples_per_sec") for r in rs]
                     ),
+                    "link_bound": _median_range(
+                        [r.get("link_bound_samples_per_sec") for r in rs]
+                    ),
                     "final_accuracy": _median_range([r["final_accuracy"] for r in rs]),
                     "staleness": _median_range([r.get("mean_staleness") for r in rs]),
                 }
@@ -251,8 +291,8 @@ def markdown(rows: list[dict], target: float) -> str:
 
     head = (
         f"| level | mode | time to {target:g} (s), median [range] | cut vs sync | "
-        "samples/s | cores' bound | efficiency | final accuracy | staleness |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "samples/s | cores' bound | link bound | efficiency | final accuracy | staleness |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for c in rows:
@@ -267,6 +307,7 @@ def markdown(rows: list[dict], target: float) -> str:
             f"| {level} | {c['mode']} | {fmt(c['ttt'], '.2f')}{reached} | {cut} | "
             f"{fmt(c['samples_per_sec'], '.0f')} | "
             f"{fmt(c.get('cores_bound', (None, None, None)), '.0f')} | "
+            f"{fmt(c.get('link_bound', (None, None, None)), '.0f')} | "
             f"{fmt(c['efficiency'], '.2f')} | "
             f"{fmt(c['final_accuracy'], '.3f')} | {fmt(c['staleness'], '.2f')} |"
         )

@@ -52,7 +52,7 @@ def test_cells_give_medians_ranges_and_the_cut_against_sync(hetero):
     table = hetero.markdown(hetero.cells(records), 0.9)
     assert "| 8x | fast-pair | 1.50 [1.00-2.00] (2/3 reached) | 79% |" in table
     # the cores' bound beside samples/s, "-" where a run has none (DDP)
-    assert "| 1000 [1000-1000] | - | 0.50 [0.50-0.50] |" in table
+    assert "| 1000 [1000-1000] | - | - | 0.50 [0.50-0.50] |" in table
     records[0]["cores_bound_samples_per_sec"] = 4000.0
     rows = {c["mode"]: c for c in hetero.cells(records)}
     assert rows["sync"]["cores_bound"] == (4000.0, 4000.0, 4000.0)
@@ -126,7 +126,9 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     def fake_run_job(argv, timeout, env):
         calls.append(argv)
         out = Path(argv[argv.index("--out") + 1])
-        out.write_text(json.dumps([{"time_to_target_s": 1.0}]))
+        out.write_text(
+            json.dumps([{"time_to_target_s": 1.0, "samples": 640, "steps": 10}])
+        )
         return types.SimpleNamespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(runner, "run_job", fake_run_job)
@@ -150,6 +152,8 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     (rec,) = hetero.run_cell("fast-pair", "8", args, tmp_path)
     assert rec == {
         "time_to_target_s": 1.0,
+        "samples": 640,
+        "steps": 10,
         "mode": "fast-pair",
         "level": "8",
         "seed": 0,
@@ -162,9 +166,35 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     assert argv[argv.index("--slowdown") + 1] == "0-1:1,2-3:8"
     assert argv[argv.index("-n") : argv.index("-n") + 2] == ["-n", "5"]
     assert argv[argv.index("--model") + 1] == "resnet50-twin"
-    # on an emulated cluster every job goes through hybridagg-run --cluster
-    args.cluster = "hosts.toml"
-    hetero.run_cell("hybrid", "8", args, tmp_path)
+    # on an emulated cluster every job goes through hybridagg-run --cluster,
+    # and a mode with servers gets the bound of the servers' host's link
+    from hybridagg.data import convert_digits
+
+    args.data, args.model = str(tmp_path / "d.h5"), "mlp"
+    convert_digits(args.data, val_fraction=0.2, seed=0, progress=False)
+    args.cluster = str(Path(__file__).parent.parent / "examples" / "cluster.toml")
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
     argv = calls[-1]
     assert Path(argv[0]).name == "hybridagg-run"
-    assert argv[1:5] == ["--cluster", "hosts.toml", "-n", "5"]
+    assert argv[1:5] == ["--cluster", args.cluster, "-n", "5"]
+    ps_link = 10e9 / 8  # the example's servers' host: 10 Gbit/s
+    expected = ps_link / hetero.model_bytes("mlp", args.data) * 640 / 10
+    assert rec["link_bound_samples_per_sec"] == pytest.approx(expected)
+    (rec,) = hetero.run_cell("sync", "8", args, tmp_path)
+    assert "link_bound_samples_per_sec" not in rec  # no servers
+
+
+def test_the_link_bound_is_updates_the_link_carries_times_their_samples(hetero):
+    # 1.25 GB/s over 100 MB of parameters: 12.5 updates/s of 64 samples
+    assert hetero.link_bound(1.25e9, 100_000_000, samples=6400, updates=100) == 800.0
+    assert hetero.link_bound(1.25e9, 100_000_000, samples=0, updates=0) is None
+
+
+def test_model_bytes_are_the_zoo_models_float32_parameters(hetero, tmp_path):
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "d.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    # the zoo's MLP on the digits: 64-128-64-10 with biases
+    n = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    assert hetero.model_bytes("mlp", str(data)) == 4 * n
