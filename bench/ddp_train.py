@@ -35,7 +35,7 @@ from hybridagg.train.config import TrainConfig
 from hybridagg.train.emulation import Pacer, ideal_samples_per_sec
 from hybridagg.train.evaluate import Evaluator
 from hybridagg.train.models import build_model
-from hybridagg.train.pacing import LayerPacer, module_costs
+from hybridagg.train.pacing import LayerPacer
 
 
 def _wrap(backend: str, model: torch.nn.Module, cfg: TrainConfig, n: int):
@@ -79,10 +79,9 @@ def train_ddp(cfg: TrainConfig, comm: Comm, backend: str = "ddp") -> dict | None
         for x, y in loader:
             opt.zero_grad()
             if layers is None:
-                costs = module_costs(model, x[:1]) if pacer.emulating else {}
                 # no progress calls: DDP's and Horovod's communication runs in
                 # their own background threads
-                layers = LayerPacer(model, pacer, costs)
+                layers = LayerPacer.for_model(model, pacer, x[:1])
             layers.begin(len(y))
             out = ddp(x)
             if len(y):

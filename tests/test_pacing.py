@@ -181,3 +181,16 @@ def test_emulating_only_with_a_base_time_or_a_factor_for_this_rank():
     assert Pacer(parse_slowdown("1:4"), 1, 0.0, 0.0).emulating
     assert not Pacer(parse_slowdown("1:4"), 0, 0.0, 0.0).emulating
     assert Pacer(parse_slowdown("0:1@0;0:2@30"), 0, 0.0, 0.0).emulating
+
+
+def test_for_model_hooks_only_when_emulating():
+    model = mlp()
+    idle = LayerPacer.for_model(
+        model, Pacer(Slowdown(), 0, 0.0, 0.0), torch.zeros(1, 64)
+    )
+    assert idle.shares == {} and idle._handles == []
+    busy = LayerPacer.for_model(
+        model, Pacer(Slowdown(), 0, 1.0, 0.0), torch.zeros(1, 64)
+    )
+    assert set(busy.shares) == {"1", "3", "5"} and len(busy._handles) == 3
+    busy.free()

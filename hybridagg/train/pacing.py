@@ -117,6 +117,20 @@ class LayerPacer:
         self._active = False
         self.start = self.target = self.done = self.slept = self.mark = 0.0
 
+    @classmethod
+    def for_model(
+        cls,
+        model: nn.Module,
+        pacer: Pacer,
+        sample: torch.Tensor,
+        progress: Callable[[], object] | None = None,
+    ) -> LayerPacer:
+        """The pacer of ``model``: its costs counted on ``sample`` (one sample,
+        batch dimension included) when ``pacer`` emulates anything; else no
+        hooks at all, so an unemulated run pays nothing per module."""
+        costs = module_costs(model, sample) if pacer.emulating else {}
+        return cls(model, pacer, costs, progress=progress)
+
     # --- one step ------------------------------------------------------------
     def begin(self, samples: int) -> None:
         """A step of ``samples`` samples starts now (0: nothing to emulate)."""

@@ -43,6 +43,7 @@ class _ServerEvents:
     ) -> None:
         self.cfg, self.topo, self.ck, self.metrics = cfg, topo, ck, metrics
         self.start = 0.0
+        self.cpu0 = time.process_time()  # reset at the start of training
         self._last: dict = {}
 
     def on_ready(self) -> None:

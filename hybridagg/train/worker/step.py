@@ -11,7 +11,7 @@ import torch
 
 from ...optimizer import DistributedOptimizer
 from ..emulation import Pacer
-from ..pacing import LayerPacer, module_costs
+from ..pacing import LayerPacer
 from .epochs import Epochs
 
 if TYPE_CHECKING:  # stopping reads the STOP column from here
@@ -116,9 +116,8 @@ class Stepper:
     def _layers(self, sample: torch.Tensor) -> LayerPacer:
         """The pacer that spends the emulated time inside forward and backward."""
         if self.layers is None:
-            costs = module_costs(self.model, sample) if self.pacer.emulating else {}
-            self.layers = LayerPacer(
-                self.model, self.pacer, costs, progress=self.opt.progress
+            self.layers = LayerPacer.for_model(
+                self.model, self.pacer, sample, progress=self.opt.progress
             )
         return self.layers
 
