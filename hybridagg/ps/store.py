@@ -7,6 +7,7 @@ import torch
 
 from ..comm import alloc
 from .compensation import lookahead_factor
+from .kernels import KERNEL_KEYS, build_optimizer
 from .shards import optimizer_order, part_ranges
 from .spec import ServerSpec
 
@@ -57,7 +58,9 @@ class ShardStore:
                     params.append(param)
                 hyper.append({**spec.hyper[g], "params": params})
             groups = [g for g, _ in order]
-            self.optimizers.append((spec.optimizer(hyper, **spec.defaults), groups))
+            self.optimizers.append(
+                (build_optimizer(spec.optimizer, hyper, spec.defaults), groups)
+            )
         self.buffers = (
             torch.as_tensor(np.asarray(spec.buffers)).clone()
             if spec.buffers is not None
@@ -160,4 +163,10 @@ class ShardStore:
             raise ValueError("checkpointed shard was cut into other parts")
         for entry, sd in zip(self.optimizers, saved, strict=True):
             if entry is not None and sd is not None:
-                entry[0].load_state_dict(sd)
+                opt = entry[0]
+                chosen = [
+                    {k: g[k] for k in KERNEL_KEYS if k in g} for g in opt.param_groups
+                ]
+                opt.load_state_dict(sd)
+                for group, keys in zip(opt.param_groups, chosen, strict=True):
+                    group.update(keys)  # a kernel is this server's choice, not state
