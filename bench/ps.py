@@ -20,7 +20,12 @@ counts both directions, ``2 x bytes / time``.
 
 Capacity: 1-4 leaders, each sleeping 2 ms between pushes of a 1 MiB model,
 push to one server for a few seconds; the server's updates per second (a
-capacity figure on this machine, not a scaling claim).
+capacity figure on this machine, not a scaling claim). ``--capacity-bytes``
+sets the model's size (a real model's, to bound a training run's throughput:
+``bench/hetero.py --ps-capacity``), ``--nap-ms 0`` keeps the server saturated,
+and ``--kernels fused,loop`` measures the servers' optimizer (SGD with
+momentum and weight decay) with torch's fused kernel and with its
+per-parameter loop (``fused=False``) side by side.
 """
 
 from __future__ import annotations
@@ -144,7 +149,9 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
     return out if topo.rank == 0 else None
 
 
-def run_capacity(seconds: float, nap_ms: float) -> dict | None:
+def run_capacity(
+    seconds: float, nap_ms: float, nbytes: int, kernel: str
+) -> dict | None:
     import torch
 
     import hybridagg
@@ -153,16 +160,23 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
     if topo.is_server:
         hybridagg.serve(topo)
         return None
-    param = torch.nn.Parameter(torch.zeros(2**18))  # 1 MiB
-    opt = hybridagg.DistributedOptimizer(
-        torch.optim.SGD([param], lr=0.01), [("w", param)], topo, mode="async"
+    param = _leader_model(nbytes)
+    # fused=None leaves the kernel to the servers (fused); False forces the loop
+    user = torch.optim.SGD(
+        [param],
+        lr=0.01,
+        momentum=0.9,
+        weight_decay=1e-4,
+        fused=None if kernel == "fused" else False,
     )
+    opt = hybridagg.DistributedOptimizer(user, [("w", param)], topo, mode="async")
     exchange = opt._exchange
 
     def one_step() -> None:
         opt.zero_grad()
         param.sum().backward()
-        time.sleep(nap_ms / 1000)
+        if nap_ms > 0:
+            time.sleep(nap_ms / 1000)
         opt.step()
 
     for _ in range(3):  # the server's first update pays torch's lazy imports
@@ -184,6 +198,8 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
             "servers": 1,
             "updates_per_sec": (v1 - v0) / (t1 - t0),
             "nap_ms": nap_ms,
+            "capacity_bytes": nbytes,
+            "kernel": kernel,
         }
     return None
 
@@ -201,6 +217,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaders", default="1,2,3,4")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--nap-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--capacity-bytes",
+        type=int,
+        default=2**20,
+        help="model size in the capacity jobs (bytes)",
+    )
+    parser.add_argument(
+        "--kernels",
+        default="fused",
+        help="servers' optimizer kernels in the capacity jobs: fused, loop or both",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["latency", "capacity"],
+        help="run one part of the benchmark",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -215,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(recs))
         return 0
     if args.inner == "capacity":
-        rec = run_capacity(args.seconds, args.nap_ms)
+        rec = run_capacity(args.seconds, args.nap_ms, args.capacity_bytes, args.kernels)
         if rec is not None:
             Path(args.out).write_text(json.dumps([rec]))
         return 0
@@ -223,13 +255,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def drive(args, sizes) -> int:
+    kernels = args.kernels.split(",")
+    if not kernels or any(k not in ("fused", "loop") for k in kernels):
+        raise SystemExit(f"--kernels: fused and/or loop, got {args.kernels!r}")
     import tempfile
 
     from hybridagg.runtime import runner
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [
+        latency = [
             (
                 1 + int(k),
                 [
@@ -244,7 +279,9 @@ def drive(args, sizes) -> int:
                 ],
             )
             for k in args.servers.split(",")
-        ] + [
+        ]
+        # kernels alternate inside each leader count: side by side in time
+        capacity = [
             (
                 int(n) + 1,
                 [
@@ -254,10 +291,18 @@ def drive(args, sizes) -> int:
                     str(args.seconds),
                     "--nap-ms",
                     str(args.nap_ms),
+                    "--capacity-bytes",
+                    str(args.capacity_bytes),
+                    "--kernels",
+                    kernel,
                 ],
             )
             for n in args.leaders.split(",")
+            for kernel in kernels
         ]
+        jobs = {"latency": latency, "capacity": capacity}.get(
+            args.only, latency + capacity
+        )
         for i, (nranks, extra) in enumerate(jobs):
             out = Path(tmp) / f"job{i}.json"
             cmd = [sys.executable, str(HERE), *extra, "--out", str(out)]
@@ -293,10 +338,17 @@ def print_tables(records: list[dict]) -> None:
         )
     cap = [r for r in records if "leaders" in r]
     if cap:
-        print("# server capacity: leaders sleeping between pushes of a 1 MiB model")
-        print(f"# {'leaders':>8}{'servers':>8}{'updates/s':>12}")
+        print("# server capacity: leaders pushing a model, sleeping between pushes")
+        print(
+            f"# {'leaders':>8}{'servers':>8}{'model':>14}{'nap_ms':>8}"
+            f"{'kernel':>7}{'updates/s':>12}"
+        )
         for r in cap:
-            print(f"  {r['leaders']:>8}{r['servers']:>8}{r['updates_per_sec']:12.1f}")
+            size = human(r.get("capacity_bytes", 2**20))
+            print(
+                f"  {r['leaders']:>8}{r['servers']:>8}{size:>14}{r['nap_ms']:8g}"
+                f"{r.get('kernel', 'loop'):>7}{r['updates_per_sec']:12.1f}"
+            )
 
 
 if __name__ == "__main__":
