@@ -184,9 +184,11 @@ class ClusterSpec:
                 {
                     "name": h.name,
                     "ranks": h.ranks,
-                    "servers": h.servers,
                     "rate_bps": h.link.rate_bps,
                     "latency_ms": h.link.latency_ms,
+                    # only when set: a cluster brought up before hosts had
+                    # server slots still reads as the same description
+                    **({"servers": h.servers} if h.servers else {}),
                 }
                 for h in self.hosts
             ],
