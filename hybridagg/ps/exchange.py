@@ -42,6 +42,7 @@ class ExchangeOptions:
         overlap: Overlap a leader's exchange with the group's next step.
         batching: Server-side adaptive batching options (see
             :class:`~hybridagg.ps.client.PSClient`).
+        wire: The type pushed gradients and pulled weights travel in.
     """
 
     compensation: Compensation
@@ -49,6 +50,7 @@ class ExchangeOptions:
     max_updates: int | None = None
     overlap: bool = False
     batching: dict | None = None
+    wire: str = "fp32"
 
 
 class GroupExchange:
@@ -111,6 +113,7 @@ class GroupExchange:
                 options.staleness_bound,
                 options.max_updates,
                 batching=options.batching,
+                wire=options.wire,
             )
         self.pending: RoundTrip | None = None
         self.unsent = False  # the leader's model holds weights its group lacks

@@ -27,6 +27,7 @@ from typing import Any
 
 from .aggregation import (
     ALLREDUCE_BACKENDS,
+    WIRE_FORMATS,
     ExecutionOptions,
     StalenessOptions,
     TopologyOptions,
@@ -45,6 +46,7 @@ from .training import (
 
 __all__ = [
     "ALLREDUCE_BACKENDS",
+    "WIRE_FORMATS",
     "CONCERNS",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
