@@ -289,3 +289,118 @@ def test_the_optimizer_refuses_a_bad_wire_before_any_communication():
         DistributedOptimizer(
             opt, [("w", w)], None, wire="bf16", allreduce_backend="horovod"
         )
+
+
+# --- the non-finite check on a compact wire ---------------------------------------
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_an_fp16_overflow_stops_sync_like_any_non_finite_gradient():
+    """A finite gradient beyond fp16's range becomes an infinity on the wire;
+    the reduced gradient's check sees it on every rank and nothing is applied
+    (on fp32 the same step is applied)."""
+    import hybridagg
+
+    topo = hybridagg.init()
+    for wire, overflows in (("fp32", False), ("fp16", True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = hybridagg.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1e-9),
+            model.named_parameters(),
+            topo,
+            wire=wire,
+        )
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        scale = 1e6 if topo.rank == 1 else 1.0  # finite, beyond 65504
+        (model(torch.full((8, 4), scale)).sum()).backward()
+        opt.step()
+        changed = any(
+            not torch.equal(p.detach(), b)
+            for p, b in zip(model.parameters(), before, strict=True)
+        )
+        if overflows:
+            assert opt.should_stop
+            assert opt.nonfinite == "the reduced gradient is not finite"
+            assert not changed and opt.updates == 0
+        else:
+            assert opt.nonfinite is None and changed and opt.updates == 1
+        opt.finish()
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_an_fp16_overflow_in_a_push_halts_the_server():
+    """One worker and one server: the group's gradient is finite, its fp16
+    push is not; the server's check of the widened part halts it."""
+    import hybridagg
+
+    topo = hybridagg.init(servers=1)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        assert stats.nonfinite == 0  # the group whose push overflowed
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1e-9),
+        model.named_parameters(),
+        topo,
+        mode="async",
+        wire="fp16",
+    )
+    # the reply to the overflowing push may leave before its bad part
+    # arrives; the next reply carries the stop and its reason
+    for scale in (1.0, 1e6, 1.0, 1.0):
+        opt.zero_grad()
+        (model(torch.full((8, 4), scale)).sum()).backward()
+        opt.step()
+        if opt.should_stop:
+            break
+    assert opt.should_stop and opt.nonfinite is not None
+    assert "the push of group 0 (rank 0) was not finite" in opt.nonfinite
+    opt.finish()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# --- hybridagg train, end to end -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from hybridagg.data import convert_digits
+
+    path = tmp_path_factory.mktemp("data") / "digits.h5"
+    convert_digits(path, val_fraction=0.2, seed=0, progress=False)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "nranks,mode",
+    [
+        (2, ["--mode", "sync"]),
+        (4, ["--mode", "hybrid", "--groups", "0-1,2"]),  # a group of two, one alone
+    ],
+    ids=["sync", "hybrid"],
+)
+def test_bf16_learns_the_digits_as_well_as_fp32(digits, tmp_path, nranks, mode):
+    from train_helpers import output, run_train, summary
+
+    accuracy = {}
+    for wire in ("fp32", "bf16"):
+        out = tmp_path / f"{wire}.json"
+        result = run_train(
+            nranks,
+            [
+                "--data", digits, *mode, "--epochs", "4", "--lr", "0.05",
+                "--no-progress", "--sample-ms", "0.2", "--seed", "1",
+                "--summary", str(out), "--wire", wire,
+            ],
+        )  # fmt: skip
+        assert result.returncode == 0, output(result)[-3000:]
+        s = summary(out)
+        assert s["wire"] == wire
+        accuracy[wire] = s["final_accuracy"]
+    # runs reach 0.95-0.98 either way; the stated tolerance is 3 points
+    assert accuracy["bf16"] >= 0.9, accuracy
+    assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.03, accuracy

@@ -46,10 +46,10 @@ from .training import (
 
 __all__ = [
     "ALLREDUCE_BACKENDS",
-    "WIRE_FORMATS",
     "CONCERNS",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
+    "WIRE_FORMATS",
     "AdaptiveOptions",
     "CheckpointOptions",
     "DataOptions",
