@@ -169,6 +169,8 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             "--",
             *common,
             *extra,
+            "--wire",
+            args.wire,
             *shlex.split(args.train_extra),
             "--no-progress",
         ]
@@ -194,9 +196,11 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         from hybridagg.cluster import load
 
         spec = load(args.cluster)
+        # (a compact wire sends 2 bytes an element each way instead of 4)
+        per_element = 4 if args.wire == "fp32" else 2
         link = (
             spec.host_of_rank(nranks - 1).link.rate_bytes,
-            model_bytes(args.model, args.data),
+            model_bytes(args.model, args.data) * per_element // 4,
         )
     for seed, rec in enumerate(records):
         rec.update({"mode": mode, "level": level, "seed": seed})
@@ -371,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mlp", help="a zoo name, in every mode")
     p.add_argument(
         "--cluster", help="run every job on this emulated cluster (it must be up)"
+    )
+    p.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type gradients and weights travel in, in every hybridagg mode "
+        "(train's --wire; DDP and Horovod stay fp32)",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)

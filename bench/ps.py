@@ -21,6 +21,11 @@ counts both directions, ``2 x bytes / time``.
 Capacity: 1-4 leaders, each sleeping 2 ms between pushes of a 1 MiB model,
 push to one server for a few seconds; the server's updates per second (a
 capacity figure on this machine, not a scaling claim).
+
+``--wire bf16`` (or ``fp16``): hybridagg's pushes and pulls travel in that
+type (the raw anchor stays float32: the same model, twice the bytes); each
+latency record carries ``wire`` and ``wire_bytes``, the bytes the client
+posted per push (measured at its sends), half of ``bytes`` on bf16/fp16.
 """
 
 from __future__ import annotations
@@ -51,7 +56,10 @@ def _leader_model(nbytes: int):
     return torch.nn.Parameter(torch.zeros(n))
 
 
-def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[float]:
+def _ps_round_trips(
+    topo, nbytes: int, reps: int, skip_update: bool, wire: str = "fp32"
+) -> tuple[list[float], int]:
+    """The round trips' times, and the bytes the client posted per push."""
     import torch
 
     from hybridagg.ps.client import PSClient
@@ -59,14 +67,27 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
 
     param = _leader_model(nbytes)
     opt = torch.optim.SGD([param], lr=0.001, momentum=0.9)
+    from hybridagg.ps import protocol as P
+
+    ps = topo.comms.leaders.dup("ps")
+    posted = [0]
+    send = ps.Isend
+
+    def counting(buf, dest, tag):  # the gradient parts' sizes, as posted
+        if tag == P.GRAD:
+            posted[0] += buf.numel() * buf.element_size()
+        return send(buf, dest, tag)
+
+    ps.Isend = counting
     client = PSClient(
-        topo.comms.leaders.dup("ps"),
+        ps,
         1,
         [param],
         [],
         opt,
         Compensation(),
         skip_update=skip_update,
+        wire=wire,
     )
     client.flat_grad.fill_(1.0)
     times = []
@@ -78,10 +99,10 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
     client.done()
     client.receive_final()
     client.ps.free()
-    return times
+    return times, posted[0] // (reps + 1)
 
 
-def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
+def run_latency(sizes: list[int], reps: int, wire: str = "fp32") -> list[dict] | None:
     from mpi4py import MPI
 
     import hybridagg
@@ -102,8 +123,8 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                 raw.mpi.Send(raw_buf, 0, 8)
             raw.allgather(float(np.median(stats.apply_times[1:] or [0.0])))
             continue
-        ps_times = _ps_round_trips(topo, nbytes, reps, skip_update=True)
-        full_times = _ps_round_trips(topo, nbytes, reps, skip_update=False)
+        ps_times, wire_bytes = _ps_round_trips(topo, nbytes, reps, True, wire)
+        full_times, _ = _ps_round_trips(topo, nbytes, reps, False, wire)
         # raw anchor: the same bytes, sharded the same way, both directions
         from hybridagg.ps.shards import shard_ranges
 
@@ -139,12 +160,14 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                     "median_us": med * 1e6,
                     "algbw_GBps": 2 * nbytes / med / 1e9,
                     "update_us": update_s * 1e6,
+                    "wire": "fp32" if impl == "mpi4py-p2p" else wire,
+                    "wire_bytes": nbytes if impl == "mpi4py-p2p" else wire_bytes,
                 }
             )
     return out if topo.rank == 0 else None
 
 
-def run_capacity(seconds: float, nap_ms: float) -> dict | None:
+def run_capacity(seconds: float, nap_ms: float, wire: str = "fp32") -> dict | None:
     import torch
 
     import hybridagg
@@ -155,7 +178,11 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
         return None
     param = torch.nn.Parameter(torch.zeros(2**18))  # 1 MiB
     opt = hybridagg.DistributedOptimizer(
-        torch.optim.SGD([param], lr=0.01), [("w", param)], topo, mode="async"
+        torch.optim.SGD([param], lr=0.01),
+        [("w", param)],
+        topo,
+        mode="async",
+        wire=wire,
     )
     exchange = opt._exchange
 
@@ -184,6 +211,7 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
             "servers": 1,
             "updates_per_sec": (v1 - v0) / (t1 - t0),
             "nap_ms": nap_ms,
+            "wire": wire,
         }
     return None
 
@@ -201,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaders", default="1,2,3,4")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--nap-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type hybridagg's pushes and pulls travel in (default fp32)",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -210,12 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(s)
         s *= 4
     if args.inner == "latency":
-        recs = run_latency(sizes, args.reps)
+        recs = run_latency(sizes, args.reps, args.wire)
         if recs is not None:
             Path(args.out).write_text(json.dumps(recs))
         return 0
     if args.inner == "capacity":
-        rec = run_capacity(args.seconds, args.nap_ms)
+        rec = run_capacity(args.seconds, args.nap_ms, args.wire)
         if rec is not None:
             Path(args.out).write_text(json.dumps([rec]))
         return 0
@@ -241,6 +275,8 @@ def drive(args, sizes) -> int:
                     str(args.min),
                     "--max",
                     str(args.max),
+                    "--wire",
+                    args.wire,
                 ],
             )
             for k in args.servers.split(",")
@@ -254,6 +290,8 @@ def drive(args, sizes) -> int:
                     str(args.seconds),
                     "--nap-ms",
                     str(args.nap_ms),
+                    "--wire",
+                    args.wire,
                 ],
             )
             for n in args.leaders.split(",")
