@@ -173,6 +173,8 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             "--",
             *common,
             *extra,
+            "--wire",
+            args.wire,
             *shlex.split(args.train_extra),
             "--no-progress",
         ]
@@ -198,9 +200,11 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         from hybridagg.cluster import load
 
         spec = load(args.cluster)
+        # (a compact wire sends 2 bytes an element each way instead of 4)
+        per_element = 4 if args.wire == "fp32" else 2
         link = (
             spec.host_of_rank(nranks - 1).link.rate_bytes,
-            model_bytes(args.model, args.data),
+            model_bytes(args.model, args.data) * per_element // 4,
         )
     capacity = (
         json.loads(Path(args.ps_capacity).read_text()) if args.ps_capacity else []
@@ -215,7 +219,13 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             )
         if size:
             rec["servers_bound_samples_per_sec"] = servers_bound(
-                capacity, size, groups, servers, rec["samples"], rec["steps"]
+                capacity,
+                size,
+                groups,
+                servers,
+                rec["samples"],
+                rec["steps"],
+                args.wire,
             )
         bound = own_bound(rec)
         rate = rec.get("samples_per_sec")
@@ -241,14 +251,15 @@ def servers_bound(
     servers: int,
     samples: float,
     updates: int,
+    wire: str = "fp32",
 ) -> float | None:
     """Samples/s the servers allow: their measured updates/s times samples per update.
 
     ``capacity`` holds ``bench/ps.py`` capacity records; the one used has
     ``groups`` leaders, ``servers`` servers, the fused kernel (the servers'
-    default) and a model within 25% of ``param_bytes`` (a capacity measured
-    on another size says nothing about this one): ``None`` when there is
-    none, or no update.
+    default), the run's ``wire`` and a model within 25% of ``param_bytes`` (a
+    capacity measured on another size or wire says nothing about this one):
+    ``None`` when there is none, or no update.
     """
     if updates <= 0 or groups <= 0:
         return None
@@ -258,6 +269,7 @@ def servers_bound(
         if r.get("leaders") == groups
         and r.get("servers") == servers
         and r.get("kernel", "loop") == "fused"
+        and r.get("wire", "fp32") == wire
         and abs(r.get("capacity_bytes", 2**20) - param_bytes) <= 0.25 * param_bytes
     ]
     if not fits:
@@ -459,6 +471,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ps-capacity",
         help="a bench/ps.py --json file with capacity jobs at this model's size "
         "(the servers' bound)",
+    )
+    p.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type gradients and weights travel in, in every hybridagg mode "
+        "(train's --wire; DDP and Horovod stay fp32)",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)

@@ -26,6 +26,11 @@ sets the model's size (a real model's, to bound a training run's throughput:
 and ``--kernels fused,loop`` measures the servers' optimizer (SGD with
 momentum and weight decay) with torch's fused kernel and with its
 per-parameter loop (``fused=False``) side by side.
+
+``--wire bf16`` (or ``fp16``): hybridagg's pushes and pulls travel in that
+type (the raw anchor stays float32: the same model, twice the bytes); each
+latency record carries ``wire`` and ``wire_bytes``, the bytes the client
+posted per push (measured at its sends), half of ``bytes`` on bf16/fp16.
 """
 
 from __future__ import annotations
@@ -56,7 +61,10 @@ def _leader_model(nbytes: int):
     return torch.nn.Parameter(torch.zeros(n))
 
 
-def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[float]:
+def _ps_round_trips(
+    topo, nbytes: int, reps: int, skip_update: bool, wire: str = "fp32"
+) -> tuple[list[float], int]:
+    """The round trips' times, and the bytes the client posted per push."""
     import torch
 
     from hybridagg.ps.client import PSClient
@@ -64,14 +72,27 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
 
     param = _leader_model(nbytes)
     opt = torch.optim.SGD([param], lr=0.001, momentum=0.9)
+    from hybridagg.ps import protocol as P
+
+    ps = topo.comms.leaders.dup("ps")
+    posted = [0]
+    send = ps.Isend
+
+    def counting(buf, dest, tag):  # the gradient parts' sizes, as posted
+        if tag == P.GRAD:
+            posted[0] += buf.numel() * buf.element_size()
+        return send(buf, dest, tag)
+
+    ps.Isend = counting
     client = PSClient(
-        topo.comms.leaders.dup("ps"),
+        ps,
         1,
         [param],
         [],
         opt,
         Compensation(),
         skip_update=skip_update,
+        wire=wire,
     )
     client.flat_grad.fill_(1.0)
     times = []
@@ -83,10 +104,10 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
     client.done()
     client.receive_final()
     client.ps.free()
-    return times
+    return times, posted[0] // (reps + 1)
 
 
-def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
+def run_latency(sizes: list[int], reps: int, wire: str = "fp32") -> list[dict] | None:
     from mpi4py import MPI
 
     import hybridagg
@@ -107,8 +128,8 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                 raw.mpi.Send(raw_buf, 0, 8)
             raw.allgather(float(np.median(stats.apply_times[1:] or [0.0])))
             continue
-        ps_times = _ps_round_trips(topo, nbytes, reps, skip_update=True)
-        full_times = _ps_round_trips(topo, nbytes, reps, skip_update=False)
+        ps_times, wire_bytes = _ps_round_trips(topo, nbytes, reps, True, wire)
+        full_times, _ = _ps_round_trips(topo, nbytes, reps, False, wire)
         # raw anchor: the same bytes, sharded the same way, both directions
         from hybridagg.ps.shards import shard_ranges
 
@@ -144,13 +165,15 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                     "median_us": med * 1e6,
                     "algbw_GBps": 2 * nbytes / med / 1e9,
                     "update_us": update_s * 1e6,
+                    "wire": "fp32" if impl == "mpi4py-p2p" else wire,
+                    "wire_bytes": nbytes if impl == "mpi4py-p2p" else wire_bytes,
                 }
             )
     return out if topo.rank == 0 else None
 
 
 def run_capacity(
-    seconds: float, nap_ms: float, nbytes: int, kernel: str
+    seconds: float, nap_ms: float, nbytes: int, kernel: str, wire: str = "fp32"
 ) -> dict | None:
     import torch
 
@@ -169,7 +192,9 @@ def run_capacity(
         weight_decay=1e-4,
         fused=None if kernel == "fused" else False,
     )
-    opt = hybridagg.DistributedOptimizer(user, [("w", param)], topo, mode="async")
+    opt = hybridagg.DistributedOptimizer(
+        user, [("w", param)], topo, mode="async", wire=wire
+    )
     exchange = opt._exchange
 
     def one_step() -> None:
@@ -200,6 +225,7 @@ def run_capacity(
             "nap_ms": nap_ms,
             "capacity_bytes": nbytes,
             "kernel": kernel,
+            "wire": wire,
         }
     return None
 
@@ -233,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["latency", "capacity"],
         help="run one part of the benchmark",
     )
+    parser.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type hybridagg's pushes and pulls travel in (default fp32)",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -242,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(s)
         s *= 4
     if args.inner == "latency":
-        recs = run_latency(sizes, args.reps)
+        recs = run_latency(sizes, args.reps, args.wire)
         if recs is not None:
             Path(args.out).write_text(json.dumps(recs))
         return 0
     if args.inner == "capacity":
-        rec = run_capacity(args.seconds, args.nap_ms, args.capacity_bytes, args.kernels)
+        rec = run_capacity(
+            args.seconds, args.nap_ms, args.capacity_bytes, args.kernels, args.wire
+        )
         if rec is not None:
             Path(args.out).write_text(json.dumps([rec]))
         return 0
@@ -276,6 +310,8 @@ def drive(args, sizes) -> int:
                     str(args.min),
                     "--max",
                     str(args.max),
+                    "--wire",
+                    args.wire,
                 ],
             )
             for k in args.servers.split(",")
@@ -295,6 +331,8 @@ def drive(args, sizes) -> int:
                     str(args.capacity_bytes),
                     "--kernels",
                     kernel,
+                    "--wire",
+                    args.wire,
                 ],
             )
             for n in args.leaders.split(",")

@@ -147,6 +147,7 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
         model="resnet50-twin",
         cluster=None,
         ps_capacity=None,
+        wire="fp32",
     )
     assert hetero.run_cell("fast-pair", "change", args, tmp_path) == []
     assert calls == []
@@ -182,6 +183,13 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     ps_link = 10e9 / 8  # the example's servers' host: 10 Gbit/s
     expected = ps_link / hetero.model_bytes("mlp", args.data) * 640 / 10
     assert rec["link_bound_samples_per_sec"] == pytest.approx(expected)
+    assert argv[argv.index("--wire") + 1] == "fp32"
+    # a compact wire passes through to train, and halves the bytes per update
+    args.wire = "bf16"
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
+    assert calls[-1][calls[-1].index("--wire") + 1] == "bf16"
+    assert rec["link_bound_samples_per_sec"] == pytest.approx(2 * expected, rel=1e-6)
+    args.wire = "fp32"
     (rec,) = hetero.run_cell("sync", "8", args, tmp_path)
     assert "link_bound_samples_per_sec" not in rec  # no servers
     # with bench/ps.py's capacity at this model's size, the servers' bound
@@ -201,6 +209,10 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     assert rec["servers_bound_samples_per_sec"] == pytest.approx(50.0 * 640 / 10)
     (rec,) = hetero.run_cell("async", "8", args, tmp_path)
     assert rec["servers_bound_samples_per_sec"] is None  # 4 leaders: not measured
+    # a capacity measured on another wire says nothing about this one
+    args.wire = "bf16"
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
+    assert rec["servers_bound_samples_per_sec"] is None
 
 
 def test_the_servers_bound_uses_capacity_at_the_models_size_and_leaders(hetero):

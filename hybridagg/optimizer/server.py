@@ -48,6 +48,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
                 max_updates=max_updates,
                 overlap=overlap,
                 batching=server_batching,
+                wire=self.wire,
             ),
         )
 

@@ -42,6 +42,7 @@ class ExchangeOptions:
         overlap: Overlap a leader's exchange with the group's next step.
         batching: Server-side adaptive batching options (see
             :class:`~hybridagg.ps.client.PSClient`).
+        wire: The type pushed gradients and pulled weights travel in.
     """
 
     compensation: Compensation
@@ -49,6 +50,7 @@ class ExchangeOptions:
     max_updates: int | None = None
     overlap: bool = False
     batching: dict | None = None
+    wire: str = "fp32"
 
 
 class GroupExchange:
@@ -111,6 +113,7 @@ class GroupExchange:
                 options.staleness_bound,
                 options.max_updates,
                 batching=options.batching,
+                wire=options.wire,
             )
         self.pending: RoundTrip | None = None
         self.unsent = False  # the leader's model holds weights its group lacks
@@ -127,6 +130,7 @@ class GroupExchange:
         self.seconds_per_sample = 0.0
         self.nonfinite_group: int | None = None
         self.nonfinite_version = 0
+        self.halted_here = False  # this group found its own NaN or infinity
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
@@ -214,16 +218,29 @@ class GroupExchange:
         tells every server when it finishes (:meth:`finish`); the servers
         then stop every other group with the reason in their replies.
         """
+        self.halted_here = True
         if self.nonfinite_group is None:
             self.nonfinite_group = self.topology.group
             self.nonfinite_version = self.version
 
     @property
     def halted_by_servers(self) -> str | None:
-        """Why the servers stopped this group for another group's NaN or infinity."""
+        """Why the servers stopped this group for a NaN or an infinity they found.
+
+        Another group's, or this group's own push when the group had not
+        halted itself: its gradient was finite, what arrived was not (on an
+        fp16 wire, an element beyond 65504 becomes an infinity).
+        """
         g = self.nonfinite_group
-        if g is None or g == self.topology.group:
+        if g is None or self.halted_here:
             return None
+        if g == self.topology.group:
+            return (
+                f"the push of {group_name(self.topology, g)} was not finite on "
+                "the servers (an element beyond the wire format's range?); the "
+                f"servers stopped every group (server version "
+                f"{self.nonfinite_version})"
+            )
         return (
             f"{group_name(self.topology, g)} had a non-finite loss or gradient; "
             f"the servers stopped every group (server version "

@@ -198,7 +198,10 @@ class RequestHandler:
         scale = self.compensation.scale(request.samples, version, staleness)
         lrs = list(request.lrs)
         self.lookahead.observe(g, staleness, lrs, request.samples, version)
-        grads = [ps.Irecv(store.grad[a:b], g, P.GRAD) for a, b in store.parts]
+        grads = [
+            ps.Irecv(store.grad_wire.landing(store.grad, a, b), g, P.GRAD)
+            for a, b in store.parts
+        ]
         incoming = None
         if store.buffers is not None:
             incoming = torch.empty_like(store.buffers)
@@ -225,6 +228,7 @@ class RequestHandler:
             ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
             t0 = time.perf_counter()
             a, b = store.parts[i]
+            store.grad_wire.decode(store.grad, a, b)  # (bf16/fp16: to float32)
             if self.nonfinite is None and not all_finite([store.grad[a:b]]):
                 self.halt(g)  # one group must not poison the model
             if self.nonfinite is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..comm import alloc
+from ..comm import WireCodec, alloc
 from .compensation import lookahead_factor
 from .kernels import KERNEL_KEYS, build_optimizer
 from .shards import optimizer_order, part_ranges
@@ -32,6 +32,10 @@ class ShardStore:
         self.flat = alloc(initial.numel(), initial.dtype, zero=False)
         self.flat.copy_(initial)
         self.grad = alloc(initial.numel(), initial.dtype)
+        self.wire = spec.wire
+        # a pushed part lands here in the wire's type, and is widened into
+        # ``grad`` before the check and the update (the master stays float32)
+        self.grad_wire = WireCodec(spec.wire, initial.numel(), feedback=False)
         self.version = 0
         lo, hi = spec.shard_range
         self.shard_range = (int(lo), int(hi))

@@ -174,4 +174,5 @@ def make_distributed_optimizer(
         overlap=cfg.overlap,
         server_batching=server_batching(cfg, topo),
         fault_tolerant=cfg.survives_group_loss,
+        wire=cfg.wire,
     )
