@@ -16,7 +16,18 @@ mode the global batch, and with it the learning rate, is unchanged).
 hybridagg measures seconds per *sample* (a step's compute time over its
 batch, summed over a window of steps and smoothed across windows), which
 makes the rule ``b_i' proportional to 1 / s_i`` and lets it follow speeds
-that change during the run. The same controller runs
+that change during the run.
+
+Smoothing follows noise well and a real change of speed badly: when a
+worker's speed changes by a large factor (another job lands on its node,
+its clock drops), the smoothed estimate keeps half the old speed after one
+window and a quarter after two, and the window itself, counted in steps,
+lasts as long as the newly slow worker's steps. So each step is also
+compared with the estimate (:func:`shift_direction`): a worker whose seconds
+per sample leave ``[1 / (1 + shift), 1 + shift]`` times its estimate for
+``shift_steps`` steps in a row has *shifted*; the window closes at once, and
+that worker's estimate is replaced by what those steps measured, not
+blended with the history that no longer describes it. The same controller runs
 
 * in ``sync`` mode on every worker, on the times all workers share through
   the gradient all-reduce (every worker reaches the same decision);
@@ -32,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BatchController", "Decision", "proportional_batches"]
+__all__ = ["BatchController", "Decision", "proportional_batches", "shift_direction"]
 
 
 def _largest_remainder(shares: Sequence[float], total: int) -> list[int]:
@@ -91,6 +102,28 @@ def proportional_batches(
     return [min(max(b, lows[i]), highs[i]) for i, b in enumerate(out)]
 
 
+def shift_direction(measured: float, believed: float, shift: float) -> int:
+    """Whether one measurement of seconds per sample departs from the estimate.
+
+    Args:
+        measured: Seconds per sample of one step (or push).
+        believed: The worker's current estimate.
+        shift: Relative departure that counts (``0.5``: 1.5 times slower, or
+            1.5 times faster); ``0`` turns detection off.
+
+    Returns:
+        ``1`` (slower by more than ``shift``), ``-1`` (faster by more than
+        ``shift``) or ``0`` (within the band, or detection off).
+    """
+    if shift <= 0 or not measured > 0 or not believed > 0:
+        return 0
+    if measured > believed * (1 + shift):
+        return 1
+    if measured * (1 + shift) < believed:
+        return -1
+    return 0
+
+
 @dataclass
 class Decision:
     """One change of batch sizes."""
@@ -117,6 +150,13 @@ class BatchController:
             windows refine it with ``smoothing``.
         min_batch: Smallest batch of a worker.
         max_batch: Largest batch of a worker (device memory), or ``None``.
+        shift: Relative departure of one step's seconds per sample from a
+            worker's estimate that counts as a change of its speed (see the
+            module); ``0`` turns detection off.
+        shift_steps: Steps in a row, each departing the same way, that
+            make a shift. Steps with less than half a worker's batch (the
+            end of an epoch, where fixed costs weigh more per sample)
+            neither count nor break a run.
     """
 
     batches: list[int]
@@ -127,10 +167,15 @@ class BatchController:
     first_window: int | None = None
     min_batch: int = 1
     max_batch: int | None = None
+    shift: float = 0.5
+    shift_steps: int = 1
     estimate: list[float | None] = field(default_factory=list)
     _time: list[float] = field(default_factory=list)
     _samples: list[float] = field(default_factory=list)
     _steps: int = 0
+    # per worker: the run of steps departing from the estimate the same way
+    # (direction, steps, seconds, samples)
+    _run: list[tuple[int, int, float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.batches = [int(b) for b in self.batches]
@@ -148,6 +193,10 @@ class BatchController:
             self.first_window = self.window
         if self.first_window < 1:
             raise ValueError(f"first_window must be >= 1 step, got {self.first_window}")
+        if not self.shift >= 0:
+            raise ValueError(f"shift must be >= 0, got {self.shift}")
+        if self.shift_steps < 1:
+            raise ValueError(f"shift_steps must be >= 1 step, got {self.shift_steps}")
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise ValueError("max_batch must be >= min_batch")
         n = len(self.batches)
@@ -159,6 +208,7 @@ class BatchController:
                 f"cannot hold a total of {self.total}"
             )
         self.estimate = [None] * n
+        self._run = [(0, 0, 0.0, 0.0)] * n
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -167,8 +217,24 @@ class BatchController:
 
     def add(self, worker: int, seconds: float, samples: float) -> None:
         """Add one step of one worker to the current window."""
-        self._time[worker] += float(seconds)
-        self._samples[worker] += float(samples)
+        seconds, samples = float(seconds), float(samples)
+        self._time[worker] += seconds
+        self._samples[worker] += samples
+        believed = self.estimate[worker]
+        if believed is None or samples <= 0 or 2 * samples < self.batches[worker]:
+            return  # nothing to compare with, or an epoch's short last step
+        way = shift_direction(seconds / samples, believed, self.shift)
+        run_way, steps, t, s = self._run[worker]
+        if way == 0:
+            self._run[worker] = (0, 0, 0.0, 0.0)
+        elif way == run_way:
+            self._run[worker] = (way, steps + 1, t + seconds, s + samples)
+        else:
+            self._run[worker] = (way, 1, seconds, samples)
+
+    def shifted(self) -> list[int]:
+        """Workers whose speed has shifted (see the module), not yet acted on."""
+        return [i for i, run in enumerate(self._run) if run[1] >= self.shift_steps]
 
     def observe(
         self, seconds: Sequence[float], samples: Sequence[float]
@@ -182,7 +248,7 @@ class BatchController:
         for i, (t, s) in enumerate(zip(seconds, samples, strict=True)):
             self.add(i, t, s)
         self._steps += 1
-        if self._steps < self.steps_to_decide():
+        if self._steps < self.steps_to_decide() and not self.shifted():
             return None
         return self.decide()
 
@@ -205,9 +271,18 @@ class BatchController:
         return list(self.batches)
 
     def decide(self) -> Decision | None:
-        """Close the current window and decide (also called at an epoch's end)."""
+        """Close the current window and decide (also called at an epoch's end).
+
+        A worker that has shifted gets the speed of its shifted steps alone;
+        the others' estimates are smoothed with the window.
+        """
+        shifted = set(self.shifted())
         for i, (t, s) in enumerate(zip(self._time, self._samples, strict=True)):
-            if s > 0 and t > 0:
+            if i in shifted:
+                _, _, run_t, run_s = self._run[i]
+                self.estimate[i] = run_t / run_s
+                self._run[i] = (0, 0, 0.0, 0.0)
+            elif s > 0 and t > 0:
                 sps = t / s
                 old = self.estimate[i]
                 self.estimate[i] = (

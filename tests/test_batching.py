@@ -6,7 +6,7 @@ import pytest
 import torch
 from train_helpers import output, run_train
 
-from hybridagg.batching import BatchController, proportional_batches
+from hybridagg.batching import BatchController, proportional_batches, shift_direction
 
 
 # ------------------------------------------------------------------ pure logic
@@ -39,7 +39,8 @@ def feed(ctrl, speeds, steps):
 
 
 def test_dead_band_ignores_small_differences():
-    ctrl = BatchController([32, 32], deadband=0.2, window=2)
+    # shift 0: the estimates are smoothed whatever the change (see the next test)
+    ctrl = BatchController([32, 32], deadband=0.2, window=2, shift=0)
     assert feed(ctrl, [1.0, 1.15], 10) == []  # 7% apart: inside the dead-band
     assert ctrl.batches == [32, 32]
     d = feed(ctrl, [1.0, 2.0], 20)
@@ -47,9 +48,15 @@ def test_dead_band_ignores_small_differences():
     # first window past the band moves the batches; the later, smaller
     # corrections (to 42/22: 12%) stay inside the band
     assert [x.new for x in d] == [[39, 25]] and ctrl.batches == [39, 25]
-    tight = BatchController([32, 32], deadband=0.05, window=2)
+    tight = BatchController([32, 32], deadband=0.05, window=2, shift=0)
     feed(tight, [1.0, 2.0], 20)
     assert tight.batches == [43, 21]
+    # with change detection (the default) 1.15 -> 2.0 is a shift: worker 1's
+    # estimate restarts at 2.0 and the first step after the change decides
+    shifting = BatchController([32, 32], deadband=0.2, window=2)
+    assert feed(shifting, [1.0, 1.15], 10) == []
+    d = feed(shifting, [1.0, 2.0], 20)
+    assert [x.new for x in d] == [[43, 21]] and shifting.estimate == [1.0, 2.0]
 
 
 def test_batches_converge_to_speed_ratios_and_follow_a_change():
@@ -79,8 +86,103 @@ def test_controller_validates_its_settings():
         BatchController([4, 4], deadband=1.5)
     with pytest.raises(ValueError, match="cannot hold"):
         BatchController([4, 4], max_batch=3)
+    with pytest.raises(ValueError, match="shift must be >= 0"):
+        BatchController([4, 4], shift=-1)
+    with pytest.raises(ValueError, match="shift_steps"):
+        BatchController([4, 4], shift_steps=0)
     ctrl = BatchController([10, 10], max_batch=15)
     assert ctrl.set_total(24) == [12, 12]
+
+
+def balanced(ctrl, speeds):
+    """A controller that has settled on ``speeds`` (one window past its first)."""
+    feed(ctrl, speeds, ctrl.first_window + ctrl.window)
+    return ctrl
+
+
+@pytest.mark.parametrize("shift", [0.5, 0.0])
+def test_a_swap_of_speeds_is_followed_within_one_window(shift):
+    # the headline's changing level: workers 2-3 four times slower, then 0-1;
+    # shift 0 is the controller before change detection, whose smoothed
+    # estimate still held half the old speeds after a window (32 each), and
+    # took four windows to settle
+    ctrl = balanced(
+        BatchController([32] * 4, window=5, first_window=2, shift=shift), [1, 1, 4, 4]
+    )
+    assert ctrl.batches == [51, 51, 13, 13]
+    d = feed(ctrl, [4, 4, 1, 1], ctrl.window)
+    if shift == 0:
+        assert [x.new for x in d] == [[32, 32, 32, 32]]
+        return
+    assert [x.new for x in d] == [[13, 13, 51, 51]]  # at the swap's first step
+    assert ctrl.estimate == [4, 4, 1, 1]  # the new speeds, no old ones mixed in
+
+
+def test_a_step_across_the_change_is_not_taken_for_the_new_speed():
+    ctrl = balanced(BatchController([32] * 4, window=5, first_window=2), [1, 1, 4, 4])
+    # the change lands mid-step: workers 0-1 half at 1 and half at 4
+    d = feed(ctrl, [2.5, 2.5, 2.5, 2.5], 1)
+    assert len(d) == 1 and ctrl.estimate == [2.5, 2.5, 2.5, 2.5]
+    d = feed(ctrl, [4, 4, 1, 1], 1)  # the next step corrects it
+    assert [x.new for x in d] == [[13, 13, 51, 51]]
+
+
+def test_only_the_shifted_worker_restarts_its_estimate():
+    ctrl = balanced(
+        BatchController([32] * 3, deadband=0.05, window=4, first_window=1), [1, 1, 1]
+    )
+    feed(ctrl, [1, 1.1, 1], 1)  # within the band: no shift, no decision yet
+    d = feed(ctrl, [3, 1.1, 1], 1)  # worker 0 three times slower
+    assert len(d) == 1 and ctrl.estimate[0] == 3.0  # its shifted step alone
+    # worker 1's estimate is smoothed with the window's two steps (1.1 twice)
+    assert ctrl.estimate[1] == pytest.approx(0.5 * 1.1 + 0.5 * 1.0)
+    assert ctrl.estimate[2] == 1.0
+
+
+def test_noise_within_the_band_never_moves_the_batches():
+    import random
+
+    rng = random.Random(0)
+    ctrl = balanced(BatchController([32] * 4, window=5, first_window=2), [1, 1, 4, 4])
+    for _ in range(500):
+        speeds = [s * rng.uniform(0.75, 1.3) for s in (1, 1, 4, 4)]
+        assert feed(ctrl, speeds, 1) == []
+    assert ctrl.batches == [51, 51, 13, 13]
+
+
+def test_shift_steps_asks_for_steps_in_a_row_the_same_way():
+    ctrl = balanced(
+        BatchController([32] * 2, window=10, first_window=1, shift_steps=2), [1, 1]
+    )
+    assert feed(ctrl, [1, 3], 1) == []  # one slow step: an outlier so far
+    assert feed(ctrl, [1, 1], 1) == []  # back in the band: the run is broken
+    assert feed(ctrl, [1, 3], 1) == []
+    assert feed(ctrl, [1, 0.3], 1) == []  # the other way: a new run
+    assert feed(ctrl, [1, 3], 1) == []
+    d = feed(ctrl, [1, 3], 1)  # twice in a row
+    assert [x.new for x in d] == [[48, 16]] and ctrl.estimate == [1, 3]
+
+
+def test_an_epochs_short_last_step_neither_counts_nor_breaks_a_run():
+    ctrl = balanced(
+        BatchController([32] * 2, window=10, first_window=1, shift_steps=2), [1, 1]
+    )
+    assert feed(ctrl, [1, 3], 1) == []
+    # a last step of 3 samples whose fixed costs make it look 3x slower, and
+    # worker 1's (15 of 32: under half a batch) 1.0: neither counts
+    assert ctrl.observe([9.0, 15.0], [3, 15]) is None
+    assert ctrl.shifted() == []
+    d = feed(ctrl, [1, 3], 1)  # the second slow full step in a row
+    assert len(d) == 1 and ctrl.estimate[1] == 3.0
+
+
+def test_shift_direction():
+    assert shift_direction(1.6, 1.0, 0.5) == 1
+    assert shift_direction(1.5, 1.0, 0.5) == 0  # the band's edge is inside
+    assert shift_direction(0.6, 1.0, 0.5) == -1
+    assert shift_direction(0.7, 1.0, 0.5) == 0
+    assert shift_direction(100.0, 1.0, 0.0) == 0  # off
+    assert shift_direction(0.0, 1.0, 0.5) == 0  # nothing measured
 
 
 # ------------------------------------------------------------- under MPI

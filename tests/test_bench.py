@@ -113,6 +113,39 @@ def test_steps_gives_medians_per_group_and_role_without_empty_steps(tmp_path, ca
         steps.main([str(empty)])
 
 
+def test_reaction_times_the_decision_and_the_first_balanced_step(tmp_path, capsys):
+    reaction = load("reaction")
+
+    def paced(rank, n, t, busy):
+        return {"event": "step", "rank": rank, "step": n, "t": t, "batch": 8,
+                "compute_s": 0.0, "pace_s": busy}  # fmt: skip
+
+    # two ranks; at t=1.0 rank 0 turns 4x slower; steps 0-9 end every 0.1 s,
+    # step 10 starts at 1.0 and takes 0.4 s (rank 0) against 0.1 (rank 1),
+    # step 11 too, then a decision and balanced steps of 0.25 s
+    lines, t = [], 0.0
+    for n in range(14):
+        slow = n in (10, 11)
+        period = 0.4 if slow else (0.1 if n < 10 else 0.25)
+        t += period
+        lines.append(paced(0, n, t, period))
+        lines.append(paced(1, n, t, 0.1 if slow else period * 0.96))
+        if n == 11:
+            lines.append({"event": "batch", "rank": 0, "t": t + 0.001})
+    lines.insert(0, {"event": "batch", "rank": 0, "t": 0.05})  # before: ignored
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    row = reaction.reaction(path, change_at=1.0)
+    assert row["decision_s"] == pytest.approx(0.801)
+    assert row["decision_steps"] == 2
+    assert row["balanced_s"] == pytest.approx(0.8)  # step 12 starts at 1.8
+    # 4% apart is not balanced at a tolerance of 0; no change, no decision
+    assert reaction.reaction(path, change_at=1.0, tolerance=0.0)["balanced_s"] is None
+    assert reaction.reaction(path, change_at=9.0)["decision_s"] is None
+    assert reaction.main([str(path), "--change-at", "1"]) == 0
+    assert "| 0.801 | 2 | 0.800 |" in capsys.readouterr().out
+
+
 def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     hetero, monkeypatch, tmp_path
 ):

@@ -229,6 +229,31 @@ def test_batch_advice_follows_the_groups_speeds():
     assert advisor.decisions[0][:3] == (2, [16, 16], [24, 8])
 
 
+def test_batch_advice_follows_a_change_of_speed_at_the_next_push():
+    options = {
+        "initial": [16, 16],
+        "deadband": 0.2,
+        "smoothing": 0.5,
+        "window": 5,
+        "first_window": 1,
+        "min_batch": 1,
+        "shift": 0.5,
+        "shift_steps": 1,
+    }
+    advisor = BatchAdvisor(options, 2)
+    advisor.observe(0, 0.01, 16, version=1)
+    advisor.observe(1, 0.03, 16, version=2)
+    assert [advisor.advice(g) for g in (0, 1)] == [24.0, 8.0]
+    advisor.observe(0, 0.01, 24, version=3)  # no change: the window goes on
+    assert len(advisor.decisions) == 1
+    # group 0 turns three times slower, as slow as group 1: its next push
+    # decides, 8 pushes before the window of 10 would have closed
+    advisor.observe(0, 0.03, 24, version=4)
+    assert [advisor.advice(g) for g in (0, 1)] == [16.0, 16.0]
+    assert advisor.decisions[-1][0] == 4
+    assert advisor.controller.estimate[0] == pytest.approx(0.03)
+
+
 # ------------------------------------------------------------------ start-up spec
 def test_server_specs_cut_the_model_and_give_buffers_to_server_0():
     params = [torch.nn.Parameter(torch.arange(float(n))) for n in (3, 4)]

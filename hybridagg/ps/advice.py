@@ -22,7 +22,8 @@ class BatchAdvisor:
     Args:
         options: ``initial`` (each group's batch), ``deadband``,
             ``smoothing``, ``window`` and optionally ``first_window``
-            (pushes per group per decision), ``min_batch``,
+            (pushes per group per decision), ``shift`` and ``shift_steps``
+            (pushes of a group; see :mod:`hybridagg.batching`), ``min_batch``,
             ``max_group_batch``.
         num_groups: Number of groups ``G``.
         on_batch: Called ``f(version, decision)`` for every change.
@@ -38,6 +39,7 @@ class BatchAdvisor:
         num_groups: int,
         on_batch: Callable[[int, Decision], None] | None = None,
     ) -> None:
+        shift = {k: options[k] for k in ("shift", "shift_steps") if k in options}
         self.controller = BatchController(
             batches=options["initial"],
             deadband=options["deadband"],
@@ -45,6 +47,7 @@ class BatchAdvisor:
             window=1,  # this class counts the pushes of a window itself
             min_batch=options["min_batch"],
             max_batch=options.get("max_group_batch"),
+            **shift,
         )
         self.window = max(1, int(options["window"])) * num_groups
         first = options.get("first_window") or options["window"]
@@ -75,7 +78,10 @@ class BatchAdvisor:
         ctl.add(group, seconds_per_sample * samples, samples)
         self._pushes += 1
         unknown = any(e is None for e in ctl.estimate)
-        if self._pushes < (self.first_window if unknown else self.window):
+        # a group whose speed shifted closes the window at once (see batching)
+        if self._pushes < (self.first_window if unknown else self.window) and not (
+            ctl.shifted()
+        ):
             return
         self._pushes = 0
         decision = ctl.decide()

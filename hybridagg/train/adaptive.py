@@ -33,6 +33,8 @@ def server_batching(cfg, topo) -> dict | None:
         "smoothing": cfg.batch_smoothing,
         "window": cfg.batch_window,
         "first_window": cfg.batch_first_window,
+        "shift": cfg.batch_shift,
+        "shift_steps": cfg.batch_shift_steps,
         "min_batch": cfg.min_batch * max(sizes),
         "max_group_batch": cfg.max_batch * min(sizes) if cfg.max_batch else None,
     }
@@ -73,6 +75,8 @@ class AdaptiveBatches:
                 smoothing=cfg.batch_smoothing,
                 window=cfg.batch_window,
                 first_window=cfg.batch_first_window,
+                shift=cfg.batch_shift,
+                shift_steps=cfg.batch_shift_steps,
                 min_batch=cfg.min_batch,
                 max_batch=cfg.max_batch,
             )

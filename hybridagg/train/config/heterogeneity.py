@@ -65,6 +65,14 @@ class AdaptiveOptions(Concern):
     batch_smoothing: float = 0.5
     """weight of the newest window in the speed estimate"""
 
+    batch_shift: float = option(0.5, at_least=0)
+    """a worker whose step's seconds per sample depart from its estimate by more
+    than this fraction (either way) has changed speed: the window closes at once
+    and its estimate restarts from the new speed instead of being smoothed (0: off)"""
+
+    batch_shift_steps: int = option(1, at_least=1)
+    """steps in a row that must depart the same way before --batch-shift acts"""
+
     min_batch: int = option(1, at_least=1)
     """smallest batch of a worker"""
 
