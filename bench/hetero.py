@@ -50,7 +50,10 @@ with as many leaders as the mode has groups, times the samples an update
 carries), efficiency against the ideal throughput (``sum 1000 / (MS x
 factor)``), the fraction of the mode's own bound (the least of the ideal
 and the bounds above) and final accuracy; ``--json`` has one record per (mode, level, seed) with the
-summary keys of ``hybridagg train``.
+summary keys of ``hybridagg train``. When a mode and its adaptive variant both run
+(e.g. ``async`` and ``async+adaptive``), a second table compares their
+accuracy at equal training time (OmniLearn's comparison): per seed, each
+run's last validation by the shorter run's end (``accuracy_curve``).
 """
 
 from __future__ import annotations
@@ -374,6 +377,88 @@ def cells(records: list[dict]) -> list[dict]:
     return out
 
 
+#: (mode, the same with adaptive batches): OmniLearn's comparison at equal time
+ADAPTIVE_PAIRS = (
+    ("async", "async+adaptive"),
+    ("hybrid", "hybrid+adaptive"),
+    ("sync", "sync+adaptive"),
+)
+
+
+def accuracy_at(curve: list, t: float) -> float | None:
+    """The accuracy of the last validation at or before training second ``t``."""
+    got = [a for s, a in curve if s <= t]
+    return got[-1] if got else None
+
+
+def equal_time(records: list[dict]) -> list[dict]:
+    """Each adaptive pair's accuracy at equal training time, per level.
+
+    Per seed, ``T`` is the shorter of the two runs' last validations, and
+    each run's accuracy is its last one at or before ``T`` (OmniLearn
+    compares final accuracy at equal training time). Medians over seeds.
+    """
+    out = []
+    levels = list(dict.fromkeys(r["level"] for r in records))
+    for base, adaptive in ADAPTIVE_PAIRS:
+        for level in levels:
+            pairs = []
+            for r in records:
+                if r["level"] != level or r["mode"] != base:
+                    continue
+                other = next(
+                    (
+                        o
+                        for o in records
+                        if o["level"] == level
+                        and o["mode"] == adaptive
+                        and o["seed"] == r["seed"]
+                    ),
+                    None,
+                )
+                a, b = r.get("accuracy_curve"), (other or {}).get("accuracy_curve")
+                if not a or not b:
+                    continue
+                t = min(a[-1][0], b[-1][0])
+                x, y = accuracy_at(a, t), accuracy_at(b, t)
+                if x is not None and y is not None:
+                    pairs.append((t, x, y))
+            if pairs:
+                out.append(
+                    {
+                        "level": level,
+                        "modes": (base, adaptive),
+                        "runs": len(pairs),
+                        "t": statistics.median(p[0] for p in pairs),
+                        "base": statistics.median(p[1] for p in pairs),
+                        "adaptive": statistics.median(p[2] for p in pairs),
+                        "gain_points": statistics.median(
+                            100 * (p[2] - p[1]) for p in pairs
+                        ),
+                    }
+                )
+    return out
+
+
+def equal_time_markdown(rows: list[dict]) -> str:
+    """OmniLearn's comparison as a table ("" without pairs)."""
+    if not rows:
+        return ""
+    lines = [
+        "| level | modes | seeds | equal time (s) | accuracy | with adaptive "
+        "batches | gain (points) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        level = "changing" if r["level"] == "change" else f"{r['level']}x"
+        lines.append(
+            f"| {level} | {r['modes'][0]} vs {r['modes'][1]} | {r['runs']} | "
+            f"{r['t']:.1f} | {r['base']:.3f} | {r['adaptive']:.3f} | "
+            f"{r['gain_points']:+.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict], target: float) -> str:
     def fmt(triple, spec):
         med, lo, hi = triple
@@ -528,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# level {level:>6} {mode:<16} time to target {ttt}", flush=True)
     rows = cells(records)
     table = markdown(rows, args.target_accuracy)
+    same_time = equal_time_markdown(equal_time(records))
+    if same_time:
+        table += "\n\nAt equal training time (OmniLearn's comparison):\n\n" + same_time
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))

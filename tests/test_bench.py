@@ -333,3 +333,22 @@ def test_ps_capacity_runs_each_kernel_at_the_given_model_size(tmp_path, capsys):
     assert "64 KiB" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--kernels"):
         ps.main(["--only", "capacity", "--kernels", "fast"])
+
+
+def test_adaptive_pairs_are_compared_at_equal_training_time(hetero):
+    curve_a = [[2.0, 0.5], [4.0, 0.7], [6.0, 0.8]]
+    curve_b = [[1.5, 0.6], [3.5, 0.85], [5.0, 0.9]]  # ends first, at 5 s
+    recs = [
+        {**record("async", "4", 0, 3.0), "accuracy_curve": curve_a},
+        {**record("async+adaptive", "4", 0, 3.0), "accuracy_curve": curve_b},
+        {**record("sync", "4", 0, 3.0), "accuracy_curve": curve_a},  # no pair
+    ]
+    assert hetero.accuracy_at(curve_a, 5.0) == 0.7
+    assert hetero.accuracy_at(curve_a, 1.0) is None
+    (row,) = hetero.equal_time(recs)
+    assert row["modes"] == ("async", "async+adaptive") and row["t"] == 5.0
+    assert (row["base"], row["adaptive"]) == (0.7, 0.9)
+    assert row["gain_points"] == pytest.approx(20.0)
+    table = hetero.equal_time_markdown([row])
+    assert "| 4x | async vs async+adaptive | 1 | 5.0 | 0.700 | 0.900 | +20.0 |" in table
+    assert hetero.equal_time_markdown([]) == ""

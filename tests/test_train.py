@@ -219,6 +219,14 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert s["final_accuracy"] >= 0.85, s  # the stated accuracy; runs reach 0.89-0.97
     assert s["time_to_target_s"] is not None and s["time_to_target_s"] <= s["wall_s"]
     assert s["epochs"] == 6 and s["samples"] > 0
+    # every validation on the curve: training time rising, the last the final
+    # model's, the target first crossed where time_to_target_s says
+    curve = s["accuracy_curve"]
+    times = [t for t, _ in curve]
+    assert len(curve) >= 2 and times == sorted(times), curve
+    assert curve[-1][1] == s["final_accuracy"]
+    first = next(t for t, a in curve if a >= 0.85)
+    assert first == s["time_to_target_s"]
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
     # every rank's CPU seconds (servers' too) on this one machine's cores;
     # the emulated compute sleeps, so the cores leave room here

@@ -26,6 +26,7 @@ def summarize(
     resumed_from: Path | None,
     run_id: str,
     resharded: dict | None = None,
+    accuracy_curve: list[tuple[float, float]] | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
 
@@ -41,6 +42,8 @@ def summarize(
         run_id: The run's id (its checkpoints' manifests carry it).
         resharded: ``{"from": sizes, "to": sizes}`` when it was written with
             other ranks, servers or groups (``None``: not resharded).
+        accuracy_curve: ``(training seconds, accuracy)`` of each validation
+            (compares modes at equal training time).
     """
     workers = [r for r in reports if r["role"] == "worker"]
     wall = max(r["wall_s"] for r in workers)
@@ -73,6 +76,7 @@ def summarize(
         "time_to_target_s": time_to_target_s,
         "target_accuracy": cfg.target_accuracy,
         "final_accuracy": final_accuracy,
+        "accuracy_curve": [[t, a] for t, a in (accuracy_curve or [])],
         "steps": updates,
         "epochs": epochs,
         "stall_fraction": sum(r["wait_s"] for r in workers) / busy if busy else 0.0,

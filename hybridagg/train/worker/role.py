@@ -315,6 +315,7 @@ class WorkerRole:
                 epochs=self.epochs.done,
                 time_to_target_s=self.validation.first_target,
                 final_accuracy=self.validation.final_accuracy,
+                accuracy_curve=self.validation.curve,
                 resumed_from=self.resume,
                 run_id=self.start.run_id,
                 resharded=self.resharded,

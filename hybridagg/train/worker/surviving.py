@@ -166,6 +166,7 @@ class SurvivingWorker:
             epochs=role.epochs.done,
             time_to_target_s=role.validation.first_target,
             final_accuracy=role.validation.final_accuracy,
+            accuracy_curve=role.validation.curve,
             resumed_from=role.resume,
             run_id=role.start.run_id,
         )

@@ -55,6 +55,8 @@ class Validation:
         """The latest accuracy, formatted for the progress bar."""
         self.final_accuracy: float | None = None
         """The accuracy at the end of training (rank 0)."""
+        self.curve: list[tuple[float, float]] = []
+        """(training seconds, accuracy) of every validation of this run (rank 0)."""
         self._last_bucket = opt.server_version // cfg.eval_every
 
     def maybe_run(self, final: bool = False) -> None:
@@ -83,6 +85,7 @@ class Validation:
         train_time = self.clock.train_time()
         self.last_accuracy = f"{accuracy:.3f}"
         self.final_accuracy = accuracy
+        self.curve.append((train_time, accuracy))
         target = self.cfg.target_accuracy
         if target is not None and accuracy >= target and self.first_target is None:
             self.first_target = train_time
