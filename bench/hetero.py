@@ -27,6 +27,10 @@ level is trained by every mode on the same data, model, seeds and emulation:
   at each, which shows its spread between runs) and is not run at the
   ``change`` level, whose fast pair changes.
 
+``--workers 8`` runs the same shapes on 8 workers: the slow half is ranks
+4-7, hybrid's groups are {0-3} and {4-7} (2 groups of 4), async has 8
+groups, and ``fast-pair`` is the fast half.
+
 ``--model NAME`` trains another zoo model (e.g. ``resnet50-twin``: ResNet-50's
 gradients at a fraction of its compute) in every mode, DDP and Horovod
 included. ``--cluster FILE`` runs every job on an emulated cluster brought
@@ -92,12 +96,40 @@ MODES = {
 }
 
 
-def level_spec(level: str, change_at: float) -> str:
-    """The ``--slowdown`` of a level: ``4`` (workers 2-3 four times slower) or ``change``."""
+def halves(workers: int) -> tuple[str, str]:
+    """The fast and the slow half of ``workers`` as rank ranges (``0-1``, ``2-3``)."""
+    if workers < 2 or workers % 2:
+        raise SystemExit(f"--workers must be even and >= 2, got {workers}")
+    h = workers // 2
+    fast = "0" if h == 1 else f"0-{h - 1}"
+    slow = f"{h}" if h == 1 else f"{h}-{workers - 1}"
+    return fast, slow
+
+
+def layout(mode: str, workers: int = 4) -> tuple[int, list[str]]:
+    """(ranks, mode options) of a mode on ``workers`` workers.
+
+    Four workers is :data:`MODES`; otherwise the same shapes: hybrid's groups
+    are the fast and the slow half, ``fast-pair`` is the fast half.
+    """
+    nranks, extra = MODES[mode]
+    if workers == 4:
+        return nranks, list(extra)
+    extra = list(extra)
+    if "--groups" in extra:
+        extra[extra.index("--groups") + 1] = ",".join(halves(workers))
+    if mode == "fast-pair":
+        return workers // 2, extra
+    return workers + (nranks - 4), extra
+
+
+def level_spec(level: str, change_at: float, workers: int = 4) -> str:
+    """The ``--slowdown`` of a level: ``4`` (the slow half four times slower) or ``change``."""
+    fast, slow = halves(workers)
     if level == "change":
-        return f"0-1:1,2-3:4@0;0-1:4,2-3:1@{change_at:g}"
+        return f"{fast}:1,{slow}:4@0;{fast}:4,{slow}:1@{change_at:g}"
     factor = float(level)
-    return f"0-1:1,2-3:{factor:g}"
+    return f"{fast}:1,{slow}:{factor:g}"
 
 
 # ------------------------------------------------------------ inside the MPI job
@@ -124,12 +156,13 @@ def inner(args: argparse.Namespace) -> int:
 def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
     from hybridagg.runtime import runner
 
-    nranks, extra = MODES[mode]
-    slowdown = level_spec(level, args.change_at)
+    workers = getattr(args, "workers", 4)
+    nranks, extra = layout(mode, workers)
+    slowdown = level_spec(level, args.change_at, workers)
     if mode == "fast-pair":
         if level == "change":
             return []
-        slowdown = "0-1:1"
+        slowdown = f"{halves(workers)[0]}:1"
     common = [
         "--data",
         args.data,
@@ -212,7 +245,7 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
     capacity = (
         json.loads(Path(args.ps_capacity).read_text()) if args.ps_capacity else []
     )
-    groups, servers = mode_groups(mode)
+    groups, servers = mode_groups(mode, workers)
     size = model_bytes(args.model, args.data) if capacity and groups else 0
     for seed, rec in enumerate(records):
         rec.update({"mode": mode, "level": level, "seed": seed})
@@ -236,9 +269,9 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
     return records
 
 
-def mode_groups(mode: str) -> tuple[int, int]:
+def mode_groups(mode: str, workers: int = 4) -> tuple[int, int]:
     """(groups, servers) of a mode with servers; (0, 0) for one without."""
-    nranks, extra = MODES[mode]
+    nranks, extra = layout(mode, workers)
     if "--servers" not in extra:
         return 0, 0
     servers = int(extra[extra.index("--servers") + 1])
@@ -550,6 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--model", default="mlp", help="a zoo name, in every mode")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="workers (even): the slow half is slowed; hybrid's groups are the halves",
+    )
+    p.add_argument(
         "--cluster", help="run every job on this emulated cluster (it must be up)"
     )
     p.add_argument(
@@ -589,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inner:
         return inner(args)
     args.seeds = int(args.seeds)
+    halves(args.workers)  # refuses an odd count before any job starts
     has_horovod = importlib.util.find_spec("horovod") is not None
     if args.modes is None:
         args.modes = "sync,hybrid,async,ddp" + (",horovod" if has_horovod else "")

@@ -352,3 +352,20 @@ def test_adaptive_pairs_are_compared_at_equal_training_time(hetero):
     table = hetero.equal_time_markdown([row])
     assert "| 4x | async vs async+adaptive | 1 | 5.0 | 0.700 | 0.900 | +20.0 |" in table
     assert hetero.equal_time_markdown([]) == ""
+
+
+def test_eight_workers_keep_the_shapes_of_four(hetero):
+    assert hetero.layout("hybrid", 4) == hetero.MODES["hybrid"]
+    assert hetero.layout("hybrid", 8) == (
+        9,
+        ["--mode", "hybrid", "--groups", "0-3,4-7", "--servers", "1"],
+    )
+    assert hetero.layout("async", 8)[0] == 9
+    assert hetero.layout("sync", 8)[0] == 8 and hetero.layout("ddp", 8)[0] == 8
+    assert hetero.layout("fast-pair", 8)[0] == 4
+    assert hetero.level_spec("4", 3.0, 8) == "0-3:1,4-7:4"
+    assert hetero.level_spec("change", 2.0, 2) == "0:1,1:4@0;0:4,1:1@2"
+    assert hetero.mode_groups("hybrid", 8) == (2, 1)
+    assert hetero.mode_groups("async", 8) == (8, 1)
+    with pytest.raises(SystemExit, match="--workers must be even"):
+        hetero.halves(5)
