@@ -192,9 +192,9 @@ class PSClient:
             ).encode(self.request_len)
             keep.append(head)
             reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
-            for lo, hi in self.parts[s]:
+            for i, (lo, hi) in enumerate(self.parts[s]):
                 reqs.append(
-                    self.ps.Isend(self.flat_grad[lo:hi], self._server(s), P.GRAD)
+                    self.ps.Isend(self.flat_grad[lo:hi], self._server(s), P.part_tag(i))
                 )
         if self.flat_buffers is not None:
             packed = self._pack_buffers()

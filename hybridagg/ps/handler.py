@@ -27,12 +27,13 @@ that dies in the middle of one leaves no half-applied gradient.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm, all_finite
+from ..comm import Comm, CommTimeoutError, all_finite, alloc
 from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator
@@ -47,6 +48,38 @@ __all__ = ["RequestHandler"]
 
 # apply times kept for the statistics: enough for medians, bounded memory
 _MAX_APPLY_TIMES = 10_000
+
+
+@dataclass
+class _Push:
+    """A push in flight on a server: its receives and what is left to do."""
+
+    g: int
+    lrs: list[float]
+    scale: float
+    staleness: int
+    hold: bool
+    landing: torch.Tensor
+    """Where the gradient lands (the whole shard)."""
+    parts: list[MPI.Request]
+    incoming: torch.Tensor | None
+    """Server 0: the group's buffers."""
+    buffers: MPI.Request
+    replies: list[MPI.Request]
+    waiting: list[int] = field(default_factory=list)
+    """Parts not arrived yet."""
+    ready: list[int] = field(default_factory=list)
+    """Parts arrived and not applied yet (``drop_lost``: until all are in)."""
+    applied: float = 0.0
+    """Seconds in the optimizer."""
+    last: float = field(default_factory=time.perf_counter)
+    """When a part last arrived (or the push began)."""
+    cut: bool = False
+    """The leader cut the push short (a part of length 0): nothing more of
+    it is applied."""
+
+    def __post_init__(self) -> None:
+        self.waiting = list(range(len(self.parts)))
 
 
 class RequestHandler:
@@ -103,6 +136,9 @@ class RequestHandler:
         self.apply_seconds = 0.0
         self.apply_times: list[float] = []
         self.nonfinite: int | None = None
+        self.pushes: dict[int, _Push] = {}
+        """The pushes in flight, by group."""
+        self.landings: dict[int, torch.Tensor] = {}
         groups = book.num_groups
         self.headers = [np.zeros(request_len, dtype=np.float64) for _ in range(groups)]
         self.inbox = [MPI.REQUEST_NULL] * groups
@@ -143,6 +179,10 @@ class RequestHandler:
     def drop(self, g: int, dead_rank: int) -> None:
         """Drop group ``g``: nothing more is received from or sent to it."""
         self.inbox[g] = MPI.REQUEST_NULL
+        push = self.pushes.pop(g, None)
+        if push is not None:  # nothing of it was applied (whole before applied)
+            for req in [*push.parts, push.buffers]:
+                _forget(req)
         self.replies.drop(g)
         if self.book.drop(g, time.perf_counter(), dead_rank):
             self.schedule.paused.pop(g, None)
@@ -185,8 +225,17 @@ class RequestHandler:
 
     # --- pushes ----------------------------------------------------------------
     def push(self, g: int, request: P.Request) -> None:
-        """Apply leader ``g``'s gradient part by part, replying with each part."""
+        """Start leader ``g``'s push: count it, post the receive of every part.
+
+        The parts are then applied by :meth:`advance`, each as it arrives,
+        while the server goes on answering the other leaders (a pipelined
+        push's parts follow its header over the whole backward pass).
+        """
         ps, store = self.ps, self.store
+        if g in self.pushes:
+            raise RuntimeError(
+                f"server {self.server}: leader {g} pushed again before its push ended"
+            )
         if request.flags & P.FLAG_STOP and self.server == 0:
             self.stop()
         version = store.version
@@ -198,17 +247,15 @@ class RequestHandler:
         scale = self.compensation.scale(request.samples, version, staleness)
         lrs = list(request.lrs)
         self.lookahead.observe(g, staleness, lrs, request.samples, version)
-        grads = [ps.Irecv(store.grad[a:b], g, P.GRAD) for a, b in store.parts]
-        incoming = None
+        landing = self._landing(g)
+        parts = [
+            ps.Irecv(landing[a:b], g, P.part_tag(i))
+            for i, (a, b) in enumerate(store.parts)
+        ]
+        incoming, buffers = None, MPI.REQUEST_NULL
         if store.buffers is not None:
             incoming = torch.empty_like(store.buffers)
-            grads.append(ps.Irecv(incoming, g, P.BUF))
-        if self.drop_lost:
-            # whole before applied: a leader that dies mid-push leaves nothing
-            try:
-                ps.wait(list(grads), f"gradient from leader {g}")
-            except MPI.Exception as exc:
-                self._lost(g, exc)
+            buffers = ps.Irecv(incoming, g, P.BUF)
         self.replies.before_update()
         store.version += 1
         self.book.record(g, staleness)
@@ -217,39 +264,118 @@ class RequestHandler:
         hold = self.nonfinite is None and self.book.too_far_ahead(
             g, self.schedule.pending
         )
-        reqs = (
+        replies = (
             [] if hold else [self.replies.header(g, self._reply(g, staleness, scale))]
         )
-        applied = 0.0
-        for i in range(len(store.parts)):
-            ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
-            t0 = time.perf_counter()
+        self.pushes[g] = _Push(
+            g, lrs, scale, staleness, hold, landing, parts, incoming, buffers, replies
+        )
+        self._advance(self.pushes[g])
+
+    def advance(self) -> int:
+        """Apply the parts that arrived, in every push in flight.
+
+        Returns:
+            How many parts (and buffers) arrived since the last call.
+
+        Raises:
+            LeaderLost: (``drop_lost``) a leader died in the middle of its push.
+            CommTimeoutError: A push received nothing for the communicator's
+                timeout (a leader stuck in the middle of its push).
+        """
+        moved = 0
+        for push in list(self.pushes.values()):
+            moved += self._advance(push)
+        return moved
+
+    def _arrived(self, push: _Push) -> list[int]:
+        """The parts of ``push`` that arrived since the last look, as tested."""
+        out = []
+        for i in push.waiting:
+            status = MPI.Status()
+            try:
+                done = push.parts[i].Test(status)
+            except MPI.Exception as exc:
+                self._lost(push.g, exc)
+            if done:
+                out.append(i)
+                if status.Get_count(MPI.BYTE) == 0:
+                    push.cut = True  # the leader cut its push short
+        return out
+
+    def _advance(self, push: _Push) -> int:
+        """Apply (and answer) the parts of ``push`` that have arrived; returns how many."""
+        g, store = push.g, self.store
+        arrived = self._arrived(push)
+        push.waiting = [i for i in push.waiting if i not in set(arrived)]
+        push.ready += arrived
+        moved = len(arrived)
+        if push.buffers != MPI.REQUEST_NULL:
+            try:
+                if push.buffers.Test():
+                    push.buffers = MPI.REQUEST_NULL
+                    moved += 1
+            except MPI.Exception as exc:
+                self._lost(g, exc)
+        now = time.perf_counter()
+        if moved:
+            push.last = now
+        elif now - push.last > self.ps.timeout:
+            raise CommTimeoutError(
+                f"server {self.server}: the push of leader {g} received nothing "
+                f"for {self.ps.timeout:g} s ({len(push.waiting)} of "
+                f"{len(push.parts)} parts missing; raise HYBRIDAGG_TIMEOUT if "
+                "the leader is legitimately slow)"
+            )
+        if self.drop_lost and (push.waiting or push.buffers != MPI.REQUEST_NULL):
+            return moved  # whole before applied: a leader dying mid-push leaves nothing
+        t0 = time.perf_counter()
+        for i in push.ready:
             a, b = store.parts[i]
-            if self.nonfinite is None and not all_finite([store.grad[a:b]]):
+            part = push.landing[a:b]
+            if not push.cut and self.nonfinite is None and not all_finite([part]):
                 self.halt(g)  # one group must not poison the model
-            if self.nonfinite is None:
-                store.apply(i, lrs, scale)
-            applied += time.perf_counter() - t0
-            if not hold:
-                reqs.append(self.replies.weights(g, i, predict=True))
+            if not push.cut and self.nonfinite is None:
+                store.apply(i, push.lrs, push.scale, push.landing)
+            if not push.hold:
+                push.replies.append(self.replies.weights(g, i, predict=True))
+        push.applied += time.perf_counter() - t0
+        push.ready = []
+        if not push.waiting and push.buffers == MPI.REQUEST_NULL:
+            self._finish(push)
+        return moved
+
+    def _finish(self, push: _Push) -> None:
+        """Every part of ``push`` is in: the buffers, the reply, the counts."""
+        g, store = push.g, self.store
+        del self.pushes[g]
+        incoming = push.incoming
         if incoming is not None:
-            ps.wait(grads[-1], f"buffers from leader {g}")
-            if self.nonfinite is None and not all_finite([incoming]):
+            if not push.cut and self.nonfinite is None and not all_finite([incoming]):
                 self.halt(g)
-            if self.nonfinite is None:
+            if not push.cut and self.nonfinite is None:
                 store.buffers.copy_(incoming)
-            if not hold:
-                reqs.append(self.replies.buffers(g))
-        self.replies.track(g, reqs)
+            if not push.hold:
+                push.replies.append(self.replies.buffers(g))
+        self.replies.track(g, push.replies)
         if self.fault is not None:
             self.fault(store.version)
-        self.apply_seconds += applied
+        self.apply_seconds += push.applied
         if len(self.apply_times) < _MAX_APPLY_TIMES:
-            self.apply_times.append(applied)
-        if hold:
-            self.book.hold(HeldReply(g, staleness, scale))
+            self.apply_times.append(push.applied)
+        if push.hold:
+            self.book.hold(HeldReply(g, push.staleness, push.scale))
         if self.server == 0:
             self.release_held()
+
+    def _landing(self, g: int) -> torch.Tensor:
+        """Where leader ``g``'s gradient lands: pushes of several groups may
+        be in flight at once, so each group after the first has its own."""
+        if g == 0:
+            return self.store.grad
+        if self.landings.get(g) is None:
+            self.landings[g] = alloc(self.store.grad.numel(), self.store.grad.dtype)
+        return self.landings[g]
 
     def _reply(self, g: int, staleness: int, scale: float) -> P.Reply:
         """The reply header to leader ``g``, as things stand now."""
@@ -309,3 +435,14 @@ class RequestHandler:
         for g in self.checkpoints.save(number, state, store.version):
             if g not in book.done:  # (at the end, every leader is done)
                 self.listen(g)
+
+
+def _forget(req: MPI.Request) -> None:
+    """Cancel a receive from a dropped leader, leaving the request to MPI."""
+    if req == MPI.REQUEST_NULL:
+        return
+    try:
+        req.Cancel()
+        req.Free()
+    except MPI.Exception:
+        pass  # (a dead peer's request may fail: nothing more to do with it)
