@@ -14,6 +14,7 @@ from .compensation import Compensation
 from .flat import flatten_into, unflatten_from
 from .shards import part_ranges, shard_ranges
 from .spec import server_specs
+from .streaming import StreamedPush, plan_stream
 
 __all__ = ["PSClient", "RoundTrip"]
 
@@ -103,7 +104,8 @@ class PSClient:
         dtype = params[0].dtype
         self.flat_weights = alloc(total, dtype, zero=False)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
-        self.flat_grad = alloc(total, dtype)
+        self._flat_grad: torch.Tensor | None = None  # (only unstreamed pushes)
+        self._plan: list | None = None
         nbuf = sum(b.numel() for b in buffers)
         self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
         self.versions = [0] * self.num_servers
@@ -126,6 +128,14 @@ class PSClient:
                 ps.isend(spec, self._server(s), P.INIT) for s, spec in enumerate(specs)
             ]
             ps.wait([req for req, _ in pending], "parameter-server start-up")
+
+    @property
+    def flat_grad(self) -> torch.Tensor:
+        """The flat gradient an unstreamed push is sent from (allocated at first use)."""
+        if self._flat_grad is None:
+            total = sum(p.numel() for p in self.params)
+            self._flat_grad = alloc(total, self.params[0].dtype)
+        return self._flat_grad
 
     def _server(self, s: int) -> int:
         return P.server_rank(self.num_groups, s)
@@ -201,6 +211,60 @@ class PSClient:
             keep.append(packed)
             reqs.append(self.ps.Isend(packed, self._server(0), P.BUF))
         return RoundTrip(reqs, replies, keep)
+
+    def stream(
+        self,
+        buckets: list[tuple[int, int]],
+        samples: float,
+        lrs: list[float],
+        versions: list[int],
+        *,
+        flags: int = 0,
+        seconds_per_sample: float = 0.0,
+    ) -> StreamedPush:
+        """Begin a push streamed bucket by bucket (:mod:`hybridagg.ps.streaming`).
+
+        Posts the receives of the reply and the request header to every
+        server; the caller then hands each final bucket to
+        :meth:`StreamedPush.send` and ends with :meth:`end_stream`.
+
+        Args:
+            buckets: Each bucket's range of the flat model, in the order the
+                buckets become final (the same on every push).
+            samples: The group's samples in this update.
+            lrs: Current ``lr`` of each of the user's parameter groups.
+            versions: Per shard, the version the gradient was computed from.
+            flags: :data:`~hybridagg.ps.protocol.FLAG_STOP` to stop every group.
+            seconds_per_sample: The group's compute time per sample.
+        """
+        if self._plan is None or self._plan[0] != buckets:
+            self._plan = (list(buckets), plan_stream(self.parts, list(buckets)))
+        reqs, replies = self._post_replies()
+        keep = []
+        for s in range(self.num_servers):
+            head = P.Request(
+                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
+            ).encode(self.request_len)
+            keep.append(head)
+            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
+        servers = [self._server(s) for s in range(self.num_servers)]
+        push = StreamedPush(self.ps, servers, self._plan[1], reqs, keep)
+        push.replies = replies
+        return push
+
+    def end_stream(self, push: StreamedPush, cut: bool = False) -> RoundTrip:
+        """Send what is left of a streamed push (``cut``: nothing more is applied).
+
+        Without ``cut`` every bucket must have been sent; with it, the parts
+        not sent go with length 0 and the servers apply none of them.
+        """
+        if cut:
+            push.cut()
+        elif not push.sent_all:
+            raise ValueError(f"the push ended before bucket {push.next} was sent")
+        buffers = self._pack_buffers() if self.flat_buffers is not None else None
+        reqs = push.finish(buffers, cut=cut)
+        return RoundTrip(reqs, push.replies, push.keep)
 
     def pull(self) -> RoundTrip:
         """Post a pull of the current weights without an update."""
