@@ -48,6 +48,7 @@ FLAGS = [
     "--momentum",
     "--no-lookahead",
     "--no-progress",
+    "--no-stream-push",
     "--on-group-failure",
     "--optimizer",
     "--overlap",

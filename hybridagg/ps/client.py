@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..comm import Comm, alloc
 from ..runtime import envvars
@@ -101,6 +102,13 @@ class PSClient:
             [(lo + a, lo + b) for a, b in part_ranges(hi - lo, self.part_elems)]
             for lo, hi in self.ranges
         ]
+        most = max(len(p) for p in self.parts)
+        tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
+        if tag_ub is not None and P.part_tag(most) > tag_ub:
+            raise ValueError(
+                f"{most} parts per server need tags above this MPI's limit "
+                f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
+            )
         dtype = params[0].dtype
         self.flat_weights = alloc(total, dtype, zero=False)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
@@ -149,9 +157,11 @@ class PSClient:
         for s in range(self.num_servers):
             head = np.zeros(P.REPLY_LEN, dtype=np.float64)
             reqs.append(self.ps.Irecv(head, self._server(s), P.REPLY_HDR))
-            for lo, hi in self.parts[s]:
+            for i, (lo, hi) in enumerate(self.parts[s]):
                 reqs.append(
-                    self.ps.Irecv(self.flat_weights[lo:hi], self._server(s), P.REPLY_W)
+                    self.ps.Irecv(
+                        self.flat_weights[lo:hi], self._server(s), P.part_tag(i)
+                    )
                 )
             replies.append(head)
         if self.flat_buffers is not None:

@@ -55,17 +55,20 @@ class _Push:
     """A push in flight on a server: its receives and what is left to do."""
 
     g: int
-    lrs: list[float]
-    scale: float
-    staleness: int
-    hold: bool
+    request: P.Request
     landing: torch.Tensor
     """Where the gradient lands (the whole shard)."""
     parts: list[MPI.Request]
     incoming: torch.Tensor | None
     """Server 0: the group's buffers."""
     buffers: MPI.Request
-    replies: list[MPI.Request]
+    replies: list[MPI.Request] = field(default_factory=list)
+    begun: bool = False
+    """Counted as an update (``drop_lost``: only once whole)."""
+    staleness: int = 0
+    scale: float = 1.0
+    hold: bool = False
+    """The staleness bound holds its reply."""
     waiting: list[int] = field(default_factory=list)
     """Parts not arrived yet."""
     ready: list[int] = field(default_factory=list)
@@ -80,6 +83,10 @@ class _Push:
 
     def __post_init__(self) -> None:
         self.waiting = list(range(len(self.parts)))
+
+    @property
+    def lrs(self) -> list[float]:
+        return list(self.request.lrs)
 
 
 class RequestHandler:
@@ -238,15 +245,10 @@ class RequestHandler:
             )
         if request.flags & P.FLAG_STOP and self.server == 0:
             self.stop()
-        version = store.version
         if self.advisor is not None:
             self.advisor.observe(
-                g, request.seconds_per_sample, request.samples, version
+                g, request.seconds_per_sample, request.samples, store.version
             )
-        staleness = version - request.arg
-        scale = self.compensation.scale(request.samples, version, staleness)
-        lrs = list(request.lrs)
-        self.lookahead.observe(g, staleness, lrs, request.samples, version)
         landing = self._landing(g)
         parts = [
             ps.Irecv(landing[a:b], g, P.part_tag(i))
@@ -256,21 +258,33 @@ class RequestHandler:
         if store.buffers is not None:
             incoming = torch.empty_like(store.buffers)
             buffers = ps.Irecv(incoming, g, P.BUF)
+        self.pushes[g] = push = _Push(g, request, landing, parts, incoming, buffers)
+        if not self.drop_lost:  # (else once the push is whole)
+            self._begin(push)
+        self._advance(self.pushes[g])
+
+    def _begin(self, push: _Push) -> None:
+        """Count ``push`` as an update and send its reply header (unless held)."""
+        g, request, store = push.g, push.request, self.store
+        version = store.version
+        push.staleness = staleness = version - request.arg
+        push.scale = scale = self.compensation.scale(
+            request.samples, version, staleness
+        )
+        self.lookahead.observe(g, staleness, push.lrs, request.samples, version)
         self.replies.before_update()
         store.version += 1
         self.book.record(g, staleness)
         if self.server == 0 and self.schedule.request_due(store.version):
             self.release_held(everyone=True)
-        hold = self.nonfinite is None and self.book.too_far_ahead(
+        push.hold = self.nonfinite is None and self.book.too_far_ahead(
             g, self.schedule.pending
         )
-        replies = (
-            [] if hold else [self.replies.header(g, self._reply(g, staleness, scale))]
-        )
-        self.pushes[g] = _Push(
-            g, lrs, scale, staleness, hold, landing, parts, incoming, buffers, replies
-        )
-        self._advance(self.pushes[g])
+        if not push.hold:
+            push.replies.append(
+                self.replies.header(g, self._reply(g, staleness, scale))
+            )
+        push.begun = True
 
     def advance(self) -> int:
         """Apply the parts that arrived, in every push in flight.
@@ -329,6 +343,8 @@ class RequestHandler:
             )
         if self.drop_lost and (push.waiting or push.buffers != MPI.REQUEST_NULL):
             return moved  # whole before applied: a leader dying mid-push leaves nothing
+        if not push.begun:
+            self._begin(push)
         t0 = time.perf_counter()
         for i in push.ready:
             a, b = store.parts[i]

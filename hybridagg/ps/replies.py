@@ -68,7 +68,7 @@ class ReplySender:
         """
         a, b = self.store.parts[part]
         source = self._source(g, a, b, part if predict else None)
-        return self.ps.Isend(source, g, P.REPLY_W)
+        return self.ps.Isend(source, g, P.part_tag(part))
 
     def buffers(self, g: int) -> MPI.Request:
         """Post the buffers to ``g`` (server 0, after :meth:`header`)."""
