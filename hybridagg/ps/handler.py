@@ -77,9 +77,11 @@ class _Push:
     """Seconds in the optimizer."""
     last: float = field(default_factory=time.perf_counter)
     """When a part last arrived (or the push began)."""
+    empty: set[int] = field(default_factory=set)
+    """Parts that came with length 0: the leader cut its push short there
+    (its group's gradient was not finite); they are not applied."""
     cut: bool = False
-    """The leader cut the push short (a part of length 0): nothing more of
-    it is applied."""
+    """The buffers came with length 0 (the push was cut short)."""
 
     def __post_init__(self) -> None:
         self.waiting = list(range(len(self.parts)))
@@ -314,7 +316,7 @@ class RequestHandler:
             if done:
                 out.append(i)
                 if status.Get_count(MPI.BYTE) == 0:
-                    push.cut = True  # the leader cut its push short
+                    push.empty.add(i)  # the leader cut its push short
         return out
 
     def _advance(self, push: _Push) -> int:
@@ -325,9 +327,11 @@ class RequestHandler:
         push.ready += arrived
         moved = len(arrived)
         if push.buffers != MPI.REQUEST_NULL:
+            status = MPI.Status()
             try:
-                if push.buffers.Test():
+                if push.buffers.Test(status):
                     push.buffers = MPI.REQUEST_NULL
+                    push.cut = status.Get_count(MPI.BYTE) == 0
                     moved += 1
             except MPI.Exception as exc:
                 self._lost(g, exc)
@@ -349,9 +353,10 @@ class RequestHandler:
         for i in push.ready:
             a, b = store.parts[i]
             part = push.landing[a:b]
-            if not push.cut and self.nonfinite is None and not all_finite([part]):
+            cut = i in push.empty
+            if not cut and self.nonfinite is None and not all_finite([part]):
                 self.halt(g)  # one group must not poison the model
-            if not push.cut and self.nonfinite is None:
+            if not cut and self.nonfinite is None:
                 store.apply(i, push.lrs, push.scale, push.landing)
             if not push.hold:
                 push.replies.append(self.replies.weights(g, i, predict=True))
