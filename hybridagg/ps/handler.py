@@ -1,10 +1,13 @@
 """A server's handling of the leaders' requests: push, pull, checkpoint, done.
 
-A push arrives as a header, then the gradient shard in parts, and to server
-0 the group's buffers. The server scales each group's forwarded ``lr`` by
-the compensation and, for each part, as soon as it has arrived, applies the
-user's optimizer to it and sends the updated part back, so receiving,
-updating and replying overlap.
+A push arrives as a header, then the gradient shard in parts (each with its
+own tag, in any order: a streamed push sends them in backward order as the
+group's reduction completes), and to server 0 the group's buffers. The
+header posts every receive; the server loop then applies each part as it
+arrives (:meth:`RequestHandler.advance`), scaling the group's forwarded
+``lr`` by the compensation, and sends the updated part back, while it goes
+on serving the other leaders (pushes of several groups may be in flight).
+A part of length 0 is not applied: the leader cut its push short there.
 
 Non-finite values: each part of a pushed gradient (and the buffers) is
 checked before it is applied. A NaN or an infinity, or a leader's ``DONE``
