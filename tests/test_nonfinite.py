@@ -349,6 +349,7 @@ def test_a_streamed_push_is_cut_short_at_its_first_non_finite_bucket(monkeypatch
         mode="hybrid",
         model=model,
         bucket_mb=4 / 2**20,  # one bucket per parameter
+        stream_push=True,
     )
     weight, bias = (p.detach().clone() for p in model.parameters())
     x = torch.ones(3, 4)

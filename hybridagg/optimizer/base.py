@@ -67,8 +67,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             group's next step (each update then at least one version stale).
         stream_push: Hybrid/async: the leader streams its push bucket by
             bucket as the group's reduction completes, and the servers
-            update and return each part as it arrives (default; not with
-            ``overlap``, nor for parameters off the CPU).
+            update and return each part as it arrives (not with
+            ``overlap``, nor for parameters off the CPU; off by default:
+            on a CPU-bound node the work it moves into backward slowed
+            compute as much as it saved, bench/RESULTS.md).
         server_batching: Hybrid/async: server 0 sizes each group's batch
             from the times leaders :meth:`report` (OmniLearn's controller,
             :mod:`hybridagg.batching`); the advice arrives as
@@ -114,7 +116,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         staleness_bound: int | None = None,
         max_updates: int | None = None,
         overlap: bool = False,
-        stream_push: bool = True,
+        stream_push: bool = False,
         server_batching: dict | None = None,
         fault_tolerant: bool = False,
     ) -> None:

@@ -32,7 +32,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
         staleness_bound: int | None = None,
         max_updates: int | None = None,
         overlap: bool = False,
-        stream_push: bool = True,
+        stream_push: bool = False,
         server_batching: dict | None = None,
         **kwargs,
     ) -> None:

@@ -10,7 +10,7 @@ by field, and sorts each difference into one of four kinds:
   saved or executed, not what it learns: the metrics and summary files, the
   progress bar, validation's cadence and target, the checkpoint folder
   (which may have been moved), checkpoint cadence and the resume flags
-  themselves, the device, the all-reduce backend and ``--no-stream-push``
+  themselves, the device, the all-reduce backend and ``--stream-push``
   (the same arithmetic, other hardware or another timing of the messages), the emulated slowdown (``--slowdown``, ``--sample-ms``:
   they change how long a step takes, as another machine would) and the
   batch probe (skipped on resume). They are not reported.
