@@ -28,6 +28,12 @@ Implementations:
                     machine, takes CPU from the other implementations (measured
                     here on 2 cores: 4 KiB latencies of every other
                     implementation grew 5-10x with Horovod initialised).
+
+``--wire bf16`` (or ``fp16``) sends hybridagg's gradients in that type
+(summed in float32, with error feedback): the two hybridagg rows then use
+the compact algorithm, the others stay float32 for comparison, and each
+hybridagg-flat record carries ``sent_bytes``, the bytes one rank posted per
+all-reduce (measured, from the collectives' counter).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from mpi4py import MPI
 
 import hybridagg
 from hybridagg.collectives import Collectives
-from hybridagg.comm import Comm
+from hybridagg.comm import WIRE_FORMATS, Comm
 from hybridagg.optimizer import init_torch_distributed
 
 IMPLS = ["hybridagg", "hybridagg-flat", "mpi4py", "mpi4py-nb", "gloo", "horovod"]
@@ -67,10 +73,12 @@ def human(nbytes: int) -> str:
 class Bench:
     """Holds the buffers of one size for every implementation."""
 
-    def __init__(self, impls: list[str], nbytes: int, topo, bucket_mb: float) -> None:
+    def __init__(
+        self, impls: list[str], nbytes: int, topo, bucket_mb: float, wire: str
+    ) -> None:
         self.impls, self.topo = impls, topo
         self.comm = Comm(name="bench")
-        self.collectives = Collectives(self.comm)
+        self.collectives = Collectives(self.comm, wire=wire)
         n = max(1, nbytes // 4)
         self.np_buf = np.ones(n, dtype=np.float32)
         self.t_buf = torch.ones(n)
@@ -80,7 +88,11 @@ class Bench:
             self.params = [torch.nn.Parameter(torch.zeros(max(1, k))) for k in parts]
             named = [(f"p{i}", p) for i, p in enumerate(self.params)]
             self.opt = hybridagg.DistributedOptimizer(
-                torch.optim.SGD(self.params, lr=0.0), named, topo, bucket_mb=bucket_mb
+                torch.optim.SGD(self.params, lr=0.0),
+                named,
+                topo,
+                bucket_mb=bucket_mb,
+                wire=wire,
             )
 
     def _backward(self) -> None:
@@ -145,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, from {IMPLS} (default: all but horovod)",
     )
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument(
+        "--wire",
+        default="fp32",
+        choices=WIRE_FORMATS,
+        help="the type hybridagg's rows send (default fp32)",
+    )
     parser.add_argument("--json", help="write one record per (impl, ranks, bytes) here")
     args = parser.parse_args(argv)
 
@@ -172,14 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     if world.rank == 0:
         print(
-            f"# hybridagg all-reduce benchmark, {n} ranks, float32, {MPI.Get_library_version().splitlines()[0].strip()}"
+            f"# hybridagg all-reduce benchmark, {n} ranks, float32 data, hybridagg's "
+            f"wire {args.wire}, {MPI.Get_library_version().splitlines()[0].strip()}"
         )
         print(
             f"# {'impl':<15}{'size':>10}{'avg_us':>12}{'min_us':>12}{'max_us':>12}"
             f"{'median_us':>12}{'iqr_us':>10}{'algbw_GB/s':>12}{'busbw_GB/s':>12}"
         )
     for nbytes in sizes:
-        bench = Bench(impls, nbytes, topo, args.bucket_mb)
+        bench = Bench(impls, nbytes, topo, args.bucket_mb, args.wire)
         reps = reps_for(nbytes, args.reps)
         times = {impl: [] for impl in impls}
         for rep in range(args.warmup + reps):
@@ -188,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 t = bench.run(impl)
                 if rep >= args.warmup:
                     times[impl].append(t)
+        flat_ops = (args.warmup + reps) if "hybridagg-flat" in impls else 0
+        sent = bench.collectives.bytes_sent
         bench.close()
         for impl in impls:
             mine = np.array(times[impl])
@@ -209,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                 "algbw_GBps": algbw,
                 "busbw_GBps": busbw,
                 "reps": reps,
+                "wire": args.wire if impl.startswith("hybridagg") else "fp32",
             }
+            if impl == "hybridagg-flat" and args.wire != "fp32" and flat_ops:
+                rec["sent_bytes"] = sent // flat_ops
             records.append(rec)
             if world.rank == 0:
                 print(

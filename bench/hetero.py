@@ -43,9 +43,13 @@ every rank's CPU seconds per core of the machine; emulated compute sleeps,
 so this is what the real work alone allows; "-" for DDP and Horovod), the
 link bound (with ``--cluster``, modes with servers: the servers' host's
 link rate over the model's bytes, times the samples an update carries; an
-update moves the model in and out of that link once each way), efficiency
-against the ideal throughput (``sum 1000 / (MS x factor)``) and final
-accuracy; ``--json`` has one record per (mode, level, seed) with the
+update moves the model in and out of that link once each way), the
+servers' bound (with ``--ps-capacity FILE``, a ``bench/ps.py --json`` file
+whose capacity jobs pushed a model of this size: the servers' updates/s
+with as many leaders as the mode has groups, times the samples an update
+carries), efficiency against the ideal throughput (``sum 1000 / (MS x
+factor)``), the fraction of the mode's own bound (the least of the ideal
+and the bounds above) and final accuracy; ``--json`` has one record per (mode, level, seed) with the
 summary keys of ``hybridagg train``.
 """
 
@@ -169,6 +173,8 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
             "--",
             *common,
             *extra,
+            "--wire",
+            args.wire,
             *shlex.split(args.train_extra),
             "--no-progress",
         ]
@@ -194,17 +200,99 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         from hybridagg.cluster import load
 
         spec = load(args.cluster)
+        # (a compact wire sends 2 bytes an element each way instead of 4)
+        per_element = 4 if args.wire == "fp32" else 2
         link = (
             spec.host_of_rank(nranks - 1).link.rate_bytes,
-            model_bytes(args.model, args.data),
+            model_bytes(args.model, args.data) * per_element // 4,
         )
+    capacity = (
+        json.loads(Path(args.ps_capacity).read_text()) if args.ps_capacity else []
+    )
+    groups, servers = mode_groups(mode)
+    size = model_bytes(args.model, args.data) if capacity and groups else 0
     for seed, rec in enumerate(records):
         rec.update({"mode": mode, "level": level, "seed": seed})
         if link is not None and link[0] is not None:
             rec["link_bound_samples_per_sec"] = link_bound(
                 link[0], link[1], rec["samples"], rec["steps"]
             )
+        if size:
+            rec["servers_bound_samples_per_sec"] = servers_bound(
+                capacity,
+                size,
+                groups,
+                servers,
+                rec["samples"],
+                rec["steps"],
+                args.wire,
+            )
+        bound = own_bound(rec)
+        rate = rec.get("samples_per_sec")
+        rec["of_own_bound"] = rate / bound if bound and rate else None
     return records
+
+
+def mode_groups(mode: str) -> tuple[int, int]:
+    """(groups, servers) of a mode with servers; (0, 0) for one without."""
+    nranks, extra = MODES[mode]
+    if "--servers" not in extra:
+        return 0, 0
+    servers = int(extra[extra.index("--servers") + 1])
+    if "--groups" in extra:
+        return len(extra[extra.index("--groups") + 1].split(",")), servers
+    return nranks - servers, servers
+
+
+def servers_bound(
+    capacity: list[dict],
+    param_bytes: int,
+    groups: int,
+    servers: int,
+    samples: float,
+    updates: int,
+    wire: str = "fp32",
+) -> float | None:
+    """Samples/s the servers allow: their measured updates/s times samples per update.
+
+    ``capacity`` holds ``bench/ps.py`` capacity records; the one used has
+    ``groups`` leaders, ``servers`` servers, the fused kernel (the servers'
+    default), the run's ``wire`` and a model within 25% of ``param_bytes`` (a
+    capacity measured on another size or wire says nothing about this one):
+    ``None`` when there is none, or no update.
+    """
+    if updates <= 0 or groups <= 0:
+        return None
+    fits = [
+        r
+        for r in capacity
+        if r.get("leaders") == groups
+        and r.get("servers") == servers
+        and r.get("kernel", "loop") == "fused"
+        and r.get("wire", "fp32") == wire
+        and abs(r.get("capacity_bytes", 2**20) - param_bytes) <= 0.25 * param_bytes
+    ]
+    if not fits:
+        return None
+    best = min(fits, key=lambda r: abs(r["capacity_bytes"] - param_bytes))
+    return best["updates_per_sec"] * samples / updates
+
+
+def own_bound(rec: dict) -> float | None:
+    """The least of a run's ideal and its bounds (``None``: nothing known)."""
+    eff, rate = rec.get("efficiency"), rec.get("samples_per_sec")
+    ideal = rate / eff if eff and rate else None
+    got = [
+        v
+        for v in (
+            ideal,
+            rec.get("cores_bound_samples_per_sec"),
+            rec.get("link_bound_samples_per_sec"),
+            rec.get("servers_bound_samples_per_sec"),
+        )
+        if v
+    ]
+    return min(got) if got else None
 
 
 def link_bound(
@@ -269,6 +357,10 @@ def cells(records: list[dict]) -> list[dict]:
                     "link_bound": _median_range(
                         [r.get("link_bound_samples_per_sec") for r in rs]
                     ),
+                    "servers_bound": _median_range(
+                        [r.get("servers_bound_samples_per_sec") for r in rs]
+                    ),
+                    "of_own_bound": _median_range([r.get("of_own_bound") for r in rs]),
                     "final_accuracy": _median_range([r["final_accuracy"] for r in rs]),
                     "staleness": _median_range([r.get("mean_staleness") for r in rs]),
                 }
@@ -291,8 +383,9 @@ def markdown(rows: list[dict], target: float) -> str:
 
     head = (
         f"| level | mode | time to {target:g} (s), median [range] | cut vs sync | "
-        "samples/s | cores' bound | link bound | efficiency | final accuracy | staleness |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "samples/s | cores' bound | link bound | servers' bound | efficiency | "
+        "of own bound | final accuracy | staleness |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for c in rows:
@@ -308,7 +401,9 @@ def markdown(rows: list[dict], target: float) -> str:
             f"{fmt(c['samples_per_sec'], '.0f')} | "
             f"{fmt(c.get('cores_bound', (None, None, None)), '.0f')} | "
             f"{fmt(c.get('link_bound', (None, None, None)), '.0f')} | "
+            f"{fmt(c.get('servers_bound', (None, None, None)), '.0f')} | "
             f"{fmt(c['efficiency'], '.2f')} | "
+            f"{fmt(c.get('of_own_bound', (None, None, None)), '.2f')} | "
             f"{fmt(c['final_accuracy'], '.3f')} | {fmt(c['staleness'], '.2f')} |"
         )
     return "\n".join(lines)
@@ -371,6 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mlp", help="a zoo name, in every mode")
     p.add_argument(
         "--cluster", help="run every job on this emulated cluster (it must be up)"
+    )
+    p.add_argument(
+        "--ps-capacity",
+        help="a bench/ps.py --json file with capacity jobs at this model's size "
+        "(the servers' bound)",
+    )
+    p.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type gradients and weights travel in, in every hybridagg mode "
+        "(train's --wire; DDP and Horovod stay fp32)",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)

@@ -20,7 +20,17 @@ counts both directions, ``2 x bytes / time``.
 
 Capacity: 1-4 leaders, each sleeping 2 ms between pushes of a 1 MiB model,
 push to one server for a few seconds; the server's updates per second (a
-capacity figure on this machine, not a scaling claim).
+capacity figure on this machine, not a scaling claim). ``--capacity-bytes``
+sets the model's size (a real model's, to bound a training run's throughput:
+``bench/hetero.py --ps-capacity``), ``--nap-ms 0`` keeps the server saturated,
+and ``--kernels fused,loop`` measures the servers' optimizer (SGD with
+momentum and weight decay) with torch's fused kernel and with its
+per-parameter loop (``fused=False``) side by side.
+
+``--wire bf16`` (or ``fp16``): hybridagg's pushes and pulls travel in that
+type (the raw anchor stays float32: the same model, twice the bytes); each
+latency record carries ``wire`` and ``wire_bytes``, the bytes the client
+posted per push (measured at its sends), half of ``bytes`` on bf16/fp16.
 """
 
 from __future__ import annotations
@@ -51,7 +61,10 @@ def _leader_model(nbytes: int):
     return torch.nn.Parameter(torch.zeros(n))
 
 
-def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[float]:
+def _ps_round_trips(
+    topo, nbytes: int, reps: int, skip_update: bool, wire: str = "fp32"
+) -> tuple[list[float], int]:
+    """The round trips' times, and the bytes the client posted per push."""
     import torch
 
     from hybridagg.ps.client import PSClient
@@ -59,14 +72,27 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
 
     param = _leader_model(nbytes)
     opt = torch.optim.SGD([param], lr=0.001, momentum=0.9)
+    from hybridagg.ps import protocol as P
+
+    ps = topo.comms.leaders.dup("ps")
+    posted = [0]
+    send = ps.Isend
+
+    def counting(buf, dest, tag):  # the gradient parts' sizes, as posted
+        if tag >= P.PART_TAG0:  # the gradient parts (each part its own tag)
+            posted[0] += buf.numel() * buf.element_size()
+        return send(buf, dest, tag)
+
+    ps.Isend = counting
     client = PSClient(
-        topo.comms.leaders.dup("ps"),
+        ps,
         1,
         [param],
         [],
         opt,
         Compensation(),
         skip_update=skip_update,
+        wire=wire,
     )
     client.flat_grad.fill_(1.0)
     times = []
@@ -78,10 +104,10 @@ def _ps_round_trips(topo, nbytes: int, reps: int, skip_update: bool) -> list[flo
     client.done()
     client.receive_final()
     client.ps.free()
-    return times
+    return times, posted[0] // (reps + 1)
 
 
-def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
+def run_latency(sizes: list[int], reps: int, wire: str = "fp32") -> list[dict] | None:
     from mpi4py import MPI
 
     import hybridagg
@@ -102,8 +128,8 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                 raw.mpi.Send(raw_buf, 0, 8)
             raw.allgather(float(np.median(stats.apply_times[1:] or [0.0])))
             continue
-        ps_times = _ps_round_trips(topo, nbytes, reps, skip_update=True)
-        full_times = _ps_round_trips(topo, nbytes, reps, skip_update=False)
+        ps_times, wire_bytes = _ps_round_trips(topo, nbytes, reps, True, wire)
+        full_times, _ = _ps_round_trips(topo, nbytes, reps, False, wire)
         # raw anchor: the same bytes, sharded the same way, both directions
         from hybridagg.ps.shards import shard_ranges
 
@@ -139,12 +165,16 @@ def run_latency(sizes: list[int], reps: int) -> list[dict] | None:
                     "median_us": med * 1e6,
                     "algbw_GBps": 2 * nbytes / med / 1e9,
                     "update_us": update_s * 1e6,
+                    "wire": "fp32" if impl == "mpi4py-p2p" else wire,
+                    "wire_bytes": nbytes if impl == "mpi4py-p2p" else wire_bytes,
                 }
             )
     return out if topo.rank == 0 else None
 
 
-def run_capacity(seconds: float, nap_ms: float) -> dict | None:
+def run_capacity(
+    seconds: float, nap_ms: float, nbytes: int, kernel: str, wire: str = "fp32"
+) -> dict | None:
     import torch
 
     import hybridagg
@@ -153,16 +183,25 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
     if topo.is_server:
         hybridagg.serve(topo)
         return None
-    param = torch.nn.Parameter(torch.zeros(2**18))  # 1 MiB
+    param = _leader_model(nbytes)
+    # fused=None leaves the kernel to the servers (fused); False forces the loop
+    user = torch.optim.SGD(
+        [param],
+        lr=0.01,
+        momentum=0.9,
+        weight_decay=1e-4,
+        fused=None if kernel == "fused" else False,
+    )
     opt = hybridagg.DistributedOptimizer(
-        torch.optim.SGD([param], lr=0.01), [("w", param)], topo, mode="async"
+        user, [("w", param)], topo, mode="async", wire=wire
     )
     exchange = opt._exchange
 
     def one_step() -> None:
         opt.zero_grad()
         param.sum().backward()
-        time.sleep(nap_ms / 1000)
+        if nap_ms > 0:
+            time.sleep(nap_ms / 1000)
         opt.step()
 
     for _ in range(3):  # the server's first update pays torch's lazy imports
@@ -184,6 +223,9 @@ def run_capacity(seconds: float, nap_ms: float) -> dict | None:
             "servers": 1,
             "updates_per_sec": (v1 - v0) / (t1 - t0),
             "nap_ms": nap_ms,
+            "capacity_bytes": nbytes,
+            "kernel": kernel,
+            "wire": wire,
         }
     return None
 
@@ -201,6 +243,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leaders", default="1,2,3,4")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--nap-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--capacity-bytes",
+        type=int,
+        default=2**20,
+        help="model size in the capacity jobs (bytes)",
+    )
+    parser.add_argument(
+        "--kernels",
+        default="fused",
+        help="servers' optimizer kernels in the capacity jobs: fused, loop or both",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["latency", "capacity"],
+        help="run one part of the benchmark",
+    )
+    parser.add_argument(
+        "--wire",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the type hybridagg's pushes and pulls travel in (default fp32)",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -210,12 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(s)
         s *= 4
     if args.inner == "latency":
-        recs = run_latency(sizes, args.reps)
+        recs = run_latency(sizes, args.reps, args.wire)
         if recs is not None:
             Path(args.out).write_text(json.dumps(recs))
         return 0
     if args.inner == "capacity":
-        rec = run_capacity(args.seconds, args.nap_ms)
+        rec = run_capacity(
+            args.seconds, args.nap_ms, args.capacity_bytes, args.kernels, args.wire
+        )
         if rec is not None:
             Path(args.out).write_text(json.dumps([rec]))
         return 0
@@ -223,13 +289,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def drive(args, sizes) -> int:
+    kernels = args.kernels.split(",")
+    if not kernels or any(k not in ("fused", "loop") for k in kernels):
+        raise SystemExit(f"--kernels: fused and/or loop, got {args.kernels!r}")
     import tempfile
 
     from hybridagg.runtime import runner
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [
+        latency = [
             (
                 1 + int(k),
                 [
@@ -241,10 +310,14 @@ def drive(args, sizes) -> int:
                     str(args.min),
                     "--max",
                     str(args.max),
+                    "--wire",
+                    args.wire,
                 ],
             )
             for k in args.servers.split(",")
-        ] + [
+        ]
+        # kernels alternate inside each leader count: side by side in time
+        capacity = [
             (
                 int(n) + 1,
                 [
@@ -254,10 +327,20 @@ def drive(args, sizes) -> int:
                     str(args.seconds),
                     "--nap-ms",
                     str(args.nap_ms),
+                    "--capacity-bytes",
+                    str(args.capacity_bytes),
+                    "--kernels",
+                    kernel,
+                    "--wire",
+                    args.wire,
                 ],
             )
             for n in args.leaders.split(",")
+            for kernel in kernels
         ]
+        jobs = {"latency": latency, "capacity": capacity}.get(
+            args.only, latency + capacity
+        )
         for i, (nranks, extra) in enumerate(jobs):
             out = Path(tmp) / f"job{i}.json"
             cmd = [sys.executable, str(HERE), *extra, "--out", str(out)]
@@ -293,10 +376,17 @@ def print_tables(records: list[dict]) -> None:
         )
     cap = [r for r in records if "leaders" in r]
     if cap:
-        print("# server capacity: leaders sleeping between pushes of a 1 MiB model")
-        print(f"# {'leaders':>8}{'servers':>8}{'updates/s':>12}")
+        print("# server capacity: leaders pushing a model, sleeping between pushes")
+        print(
+            f"# {'leaders':>8}{'servers':>8}{'model':>14}{'nap_ms':>8}"
+            f"{'kernel':>7}{'updates/s':>12}"
+        )
         for r in cap:
-            print(f"  {r['leaders']:>8}{r['servers']:>8}{r['updates_per_sec']:12.1f}")
+            size = human(r.get("capacity_bytes", 2**20))
+            print(
+                f"  {r['leaders']:>8}{r['servers']:>8}{size:>14}{r['nap_ms']:8g}"
+                f"{r.get('kernel', 'loop'):>7}{r['updates_per_sec']:12.1f}"
+            )
 
 
 if __name__ == "__main__":

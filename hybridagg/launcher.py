@@ -643,7 +643,8 @@ def mpiexec_plan(
     """``mpiexec [-n N] [flags] [hostfile] command`` for this MPI.
 
     Open MPI: ``--oversubscribe --bind-to none``, ``--hostfile FILE``, the
-    run-as-root consent as root, and on 5 and later
+    run-as-root consent as root, the TCP eager limit
+    (:func:`~hybridagg.runtime.runner.tcp_eager_env`), and on 5 and later
     ``PRTE_MCA_rmaps_default_mapping_policy`` (its value in ``environ``, else
     ``:oversubscribe``). Hydra: ``-f FILE``. Unknown: ``-n`` only.
 
@@ -666,6 +667,7 @@ def mpiexec_plan(
         if hostfile:
             argv += ["--hostfile", hostfile]
         env.update(runner.root_consent_env(euid))
+        env.update(runner.tcp_eager_env(environ))
         if info.major >= 5:
             policy = envvars.get_str(_PRTE_POLICY, environ) or ":oversubscribe"
             env[_PRTE_POLICY] = policy
@@ -814,6 +816,7 @@ def cluster_plan(
     )
     argv += cluster_mpiexec_args(spec, folder, prefix)
     env = dict(runner.root_consent_env(probes.euid))
+    env.update(runner.tcp_eager_env(environ))
     return Plan(tuple(argv + list(options.command)), env)
 
 

@@ -52,7 +52,7 @@ def test_cells_give_medians_ranges_and_the_cut_against_sync(hetero):
     table = hetero.markdown(hetero.cells(records), 0.9)
     assert "| 8x | fast-pair | 1.50 [1.00-2.00] (2/3 reached) | 79% |" in table
     # the cores' bound beside samples/s, "-" where a run has none (DDP)
-    assert "| 1000 [1000-1000] | - | - | 0.50 [0.50-0.50] |" in table
+    assert "| 1000 [1000-1000] | - | - | - | 0.50 [0.50-0.50] | - |" in table
     records[0]["cores_bound_samples_per_sec"] = 4000.0
     rows = {c["mode"]: c for c in hetero.cells(records)}
     assert rows["sync"]["cores_bound"] == (4000.0, 4000.0, 4000.0)
@@ -146,6 +146,8 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
         seeds=1,
         model="resnet50-twin",
         cluster=None,
+        ps_capacity=None,
+        wire="fp32",
     )
     assert hetero.run_cell("fast-pair", "change", args, tmp_path) == []
     assert calls == []
@@ -157,6 +159,7 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
         "mode": "fast-pair",
         "level": "8",
         "seed": 0,
+        "of_own_bound": None,  # the fake summary holds no rate to bound
     }
     argv = calls[-1]
     assert argv[argv.index("--slowdown") + 1] == "0-1:1"
@@ -180,8 +183,89 @@ def test_run_cell_gives_fast_pair_two_unslowed_ranks_and_skips_the_change_level(
     ps_link = 10e9 / 8  # the example's servers' host: 10 Gbit/s
     expected = ps_link / hetero.model_bytes("mlp", args.data) * 640 / 10
     assert rec["link_bound_samples_per_sec"] == pytest.approx(expected)
+    assert argv[argv.index("--wire") + 1] == "fp32"
+    # a compact wire passes through to train, and halves the bytes per update
+    args.wire = "bf16"
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
+    assert calls[-1][calls[-1].index("--wire") + 1] == "bf16"
+    assert rec["link_bound_samples_per_sec"] == pytest.approx(2 * expected, rel=1e-6)
+    args.wire = "fp32"
     (rec,) = hetero.run_cell("sync", "8", args, tmp_path)
     assert "link_bound_samples_per_sec" not in rec  # no servers
+    # with bench/ps.py's capacity at this model's size, the servers' bound
+    size = hetero.model_bytes("mlp", args.data)
+    cap = [
+        {
+            "leaders": 2,
+            "servers": 1,
+            "capacity_bytes": size,
+            "kernel": "fused",
+            "updates_per_sec": 50.0,
+        },
+    ]
+    args.ps_capacity = str(tmp_path / "ps.json")
+    Path(args.ps_capacity).write_text(json.dumps(cap))
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
+    assert rec["servers_bound_samples_per_sec"] == pytest.approx(50.0 * 640 / 10)
+    (rec,) = hetero.run_cell("async", "8", args, tmp_path)
+    assert rec["servers_bound_samples_per_sec"] is None  # 4 leaders: not measured
+    # a capacity measured on another wire says nothing about this one
+    args.wire = "bf16"
+    (rec,) = hetero.run_cell("hybrid", "8", args, tmp_path)
+    assert rec["servers_bound_samples_per_sec"] is None
+
+
+def test_the_servers_bound_uses_capacity_at_the_models_size_and_leaders(hetero):
+    cap = [
+        {
+            "leaders": 2,
+            "servers": 1,
+            "capacity_bytes": 2**20,
+            "kernel": "fused",
+            "updates_per_sec": 900.0,
+        },
+        {
+            "leaders": 2,
+            "servers": 1,
+            "capacity_bytes": 94_000_000,
+            "kernel": "loop",
+            "updates_per_sec": 6.0,
+        },
+        {
+            "leaders": 2,
+            "servers": 1,
+            "capacity_bytes": 94_000_000,
+            "kernel": "fused",
+            "updates_per_sec": 13.0,
+        },
+        {
+            "leaders": 4,
+            "servers": 1,
+            "capacity_bytes": 94_000_000,
+            "kernel": "fused",
+            "updates_per_sec": 16.0,
+        },
+    ]
+    # 13 updates/s of 64 samples, the fused kernel's figure at 2 leaders
+    assert hetero.servers_bound(cap, 90_000_000, 2, 1, 6400, 100) == 13.0 * 64
+    assert hetero.servers_bound(cap, 90_000_000, 4, 1, 3200, 100) == 16.0 * 32
+    assert hetero.servers_bound(cap, 90_000_000, 3, 1, 3200, 100) is None
+    assert hetero.servers_bound(cap, 90_000_000, 2, 2, 3200, 100) is None
+    assert hetero.servers_bound(cap, 40_000_000, 2, 1, 3200, 100) is None  # size
+    assert hetero.servers_bound(cap, 90_000_000, 2, 1, 0, 0) is None
+    assert hetero.mode_groups("hybrid") == (2, 1)
+    assert hetero.mode_groups("async+adaptive") == (4, 1)
+    assert hetero.mode_groups("sync") == (0, 0)
+
+
+def test_a_runs_own_bound_is_the_least_of_its_ideal_and_bounds(hetero):
+    rec = {"samples_per_sec": 100.0, "efficiency": 0.1}  # ideal 1000
+    assert hetero.own_bound(rec) == pytest.approx(1000.0)
+    rec["cores_bound_samples_per_sec"] = 150.0
+    rec["link_bound_samples_per_sec"] = 400.0
+    rec["servers_bound_samples_per_sec"] = None
+    assert hetero.own_bound(rec) == 150.0
+    assert hetero.own_bound({"samples_per_sec": 1.0}) is None
 
 
 def test_the_link_bound_is_updates_the_link_carries_times_their_samples(hetero):
@@ -198,3 +282,21 @@ def test_model_bytes_are_the_zoo_models_float32_parameters(hetero, tmp_path):
     # the zoo's MLP on the digits: 64-128-64-10 with biases
     n = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
     assert hetero.model_bytes("mlp", str(data)) == 4 * n
+
+
+def test_ps_capacity_runs_each_kernel_at_the_given_model_size(tmp_path, capsys):
+    """bench/ps.py's capacity jobs: one record per (leaders, kernel), as asked."""
+    ps = load("ps")
+    out = tmp_path / "cap.json"
+    argv = ["--only", "capacity", "--leaders", "1", "--seconds", "0.5"]
+    argv += ["--nap-ms", "0", "--capacity-bytes", "65536", "--kernels", "fused,loop"]
+    assert ps.main([*argv, "--json", str(out)]) == 0
+    recs = json.loads(out.read_text())
+    assert [(r["leaders"], r["kernel"], r["capacity_bytes"]) for r in recs] == [
+        (1, "fused", 65536),
+        (1, "loop", 65536),
+    ]
+    assert all(r["updates_per_sec"] > 0 for r in recs)
+    assert "64 KiB" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--kernels"):
+        ps.main(["--only", "capacity", "--kernels", "fast"])

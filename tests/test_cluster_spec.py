@@ -126,6 +126,13 @@ REFUSALS = [
     (host(ranks="0"), ["hosts[0] (a)", "ranks must be an integer >= 1", "got 0"]),
     (host(ranks='"2"'), ["hosts[0] (a)", "ranks must be", "'2'"]),
     (host(ranks="true"), ["hosts[0] (a)", "ranks must be", "True"]),
+    # server slots
+    (
+        host(extra="servers = 3"),
+        ["hosts[0] (a)", "servers must be", "to its ranks (2)", "got 3"],
+    ),
+    (host(extra="servers = -1"), ["hosts[0] (a)", "servers must be", "got -1"]),
+    (host(extra='servers = "1"'), ["hosts[0] (a)", "servers must be", "'1'"]),
     # bandwidth: bits only ("bps" is bytes to tc)
     (
         f'bandwidth = "1gbps"\n{TWO_HOSTS}',
@@ -405,6 +412,33 @@ def test_mpiexec_args_use_the_state_folder_and_the_subnet(tmp_path):
     assert "--oversubscribe" not in args
 
 
+BESIDE = host('"a"', "3", "servers = 1") + host('"b"', "3", "servers = 1")
+
+
+def test_server_slots_come_after_every_hosts_worker_slots(tmp_path):
+    spec = load(write(tmp_path, BESIDE))
+    assert spec.total_ranks == 6 and spec.total_servers == 2
+    # workers 0-3 fill a then b; the servers (the last ranks) one per host
+    assert [h.name for h in spec.rank_order()] == ["a", "a", "b", "b", "a", "b"]
+    assert spec.host_of_rank(4).name == "a" and spec.host_of_rank(5).name == "b"
+    with pytest.raises(ValueError, match="rank 6 out of range"):
+        spec.host_of_rank(6)
+    with pytest.raises(ValueError, match="rank -1 out of range"):
+        spec.host_of_rank(-1)
+    assert plan.mpi_rankfile(spec) == (
+        "rank 0=10.213.77.1 slot=0\nrank 1=10.213.77.1 slot=1\n"
+        "rank 2=10.213.77.2 slot=0\nrank 3=10.213.77.2 slot=1\n"
+        "rank 4=10.213.77.1 slot=2\nrank 5=10.213.77.2 slot=2\n"
+    )
+    args = plan.mpiexec_args(spec, tmp_path, "/opt/ompi")
+    assert has(args, "--map-by", f"rankfile:file={tmp_path / plan.RANKFILE_FILE}")
+    assert spec.to_dict()["hosts"][0]["servers"] == 1
+    # without server slots the rankfile says what --map-by slot does
+    plain = load(EXAMPLE)
+    assert [h.name for h in plain.rank_order()] == ["a", "a", "b", "b", "ps"]
+    assert plan.mpi_rankfile(plain).splitlines()[-1] == "rank 4=10.213.77.3 slot=0"
+
+
 # --------------------------------------------------------------------- agent
 @pytest.fixture
 def agent(tmp_path):
@@ -566,8 +600,10 @@ def test_cluster_plans_mpiexec_over_all_the_hosts_ranks(euid):
     assert "--oversubscribe" not in got.argv
     assert has(list(got.argv), "--hostfile", str(state / plan.HOSTFILE_FILE))
     consent = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    # no oversubscription policy: the hosts' slots are the limit
-    assert got.env == (consent if euid == 0 else {})
+    # no oversubscription policy: the hosts' slots are the limit; a server's
+    # part crosses the TCP links eagerly (runner.tcp_eager_env)
+    eager = {"OMPI_MCA_btl_tcp_eager_limit": str(4 * 2**20 + 2**16)}
+    assert got.env == {**(consent if euid == 0 else {}), **eager}
 
 
 def test_cluster_keeps_a_smaller_rank_count():

@@ -459,16 +459,26 @@ def test_plan_open_mpi_5_outside_slurm(euid):
     consent = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     assert got.env == {
         **(consent if euid == 0 else {}),
+        # a server's 4 MiB part goes eagerly over TCP (runner.tcp_eager_env)
+        "OMPI_MCA_btl_tcp_eager_limit": str(4 * 2**20 + 64 * 2**10),
         "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
     }
     assert machine.asked == ["/opt/ompi/bin/mpiexec --version"]
-    # a policy the user set is kept; the --dry-run line puts variables first
-    env = {"PRTE_MCA_rmaps_default_mapping_policy": "core:oversubscribe"}
+    # a policy and a limit the user set are kept; the --dry-run line puts
+    # variables first
+    env = {
+        "PRTE_MCA_rmaps_default_mapping_policy": "core:oversubscribe",
+        "OMPI_MCA_btl_tcp_eager_limit": "65536",
+    }
     got = plan(["-n", "3", "a b"], env, Machine({"mpiexec": "/m"}, OPEN_MPI_5))
     assert got.command_line() == (
         "PRTE_MCA_rmaps_default_mapping_policy=core:oversubscribe "
         "/m -n 3 --oversubscribe --bind-to none 'a b'"
     )
+    # the limit follows the servers' part size
+    env = {"HYBRIDAGG_PS_PART_BYTES": "1048576"}
+    got = plan(["-n", "3", "a"], env, Machine({"mpiexec": "/m"}, OPEN_MPI_5))
+    assert got.env["OMPI_MCA_btl_tcp_eager_limit"] == str(2**20 + 2**16)
 
 
 def test_plan_hydra_with_a_hostfile_beside_python3():
@@ -483,16 +493,15 @@ def test_plan_hydra_with_a_hostfile_beside_python3():
     got = launcher.mpiexec_plan(
         info, ["a.out"], {}, nranks=None, hostfile="/etc/hosts", euid=1000
     )
-    assert got == launcher.Plan(
-        (
-            "/m",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--hostfile",
-            "/etc/hosts",
-            "a.out",
-        )
+    assert got.env == {"OMPI_MCA_btl_tcp_eager_limit": str(4 * 2**20 + 2**16)}
+    assert got.argv == (
+        "/m",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--hostfile",
+        "/etc/hosts",
+        "a.out",
     )
 
 

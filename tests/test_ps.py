@@ -193,7 +193,7 @@ def test_hybrid_with_one_group_reproduces_sync(mpi_ranks, kind, servers):
     exactness(kind, servers)
 
 
-def streamed_or_not(topo, stream, steps=4):
+def streamed_or_not(topo, stream, steps=4, wire="fp32"):
     """A few SGD-with-momentum steps of one group; returns (weights, parts sent early)."""
     import hybridagg
 
@@ -214,6 +214,7 @@ def streamed_or_not(topo, stream, steps=4):
         mode="hybrid",
         bucket_mb=100 / 2**20,  # several buckets, parts across their bounds
         stream_push=stream,
+        wire=wire,
     )
     streamed = opt._exchange.buckets is not None
     assert streamed == (stream and topo.is_leader)
@@ -261,6 +262,32 @@ def test_a_streamed_push_equals_an_unstreamed_one(mpi_ranks, servers, monkeypatc
         assert torch.equal(a, b)
     if topo.is_leader and topo.num_workers == 1:
         # a group of one pushes its buckets as backward fills them
+        assert early > 0
+
+
+@pytest.mark.mpi(ranks=[3, 4], timeout=240)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_streamed_push_on_bf16_equals_an_unstreamed_one(
+    mpi_ranks, servers, monkeypatch
+):
+    """Bit for bit on a compact wire: each part is rounded as its bucket
+    becomes final, from bucket memory, with the residual an unstreamed push
+    keeps for the same part; the server widens the same bits."""
+    import hybridagg
+
+    monkeypatch.setenv("HYBRIDAGG_PS_PART_BYTES", "20")
+    topo = hybridagg.init(groups="world", servers=servers)
+    exact, _ = streamed_or_not(topo, stream=False)
+    plain, _ = streamed_or_not(topo, stream=False, wire="bf16")
+    streamed, early = streamed_or_not(topo, stream=True, wire="bf16")
+    if topo.is_server:
+        return
+    for a, b in zip(plain, streamed, strict=True):
+        assert torch.equal(a, b)
+    # the wire was used: bf16 replies (with residuals carried) moved the
+    # weights elsewhere than the float32 run did
+    assert any(not torch.equal(a, b) for a, b in zip(exact, plain, strict=True))
+    if topo.is_leader and topo.num_workers == 1:
         assert early > 0
 
 

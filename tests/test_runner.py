@@ -68,3 +68,15 @@ def test_run_job_kills_a_process_tree_on_timeout():
     assert result.timed_out
     assert result.elapsed < 10
     assert runner.processes_with_token(result.token) == []
+
+
+def test_jobs_get_a_tcp_eager_limit_above_a_servers_part_unless_set():
+    from hybridagg.runtime import runner as r
+
+    assert r.tcp_eager_env({}) == {r.TCP_EAGER_VAR: str(4 * 2**20 + 2**16)}
+    assert r.tcp_eager_env({"HYBRIDAGG_PS_PART_BYTES": "1000"}) == {
+        r.TCP_EAGER_VAR: str(1000 + 2**16)
+    }
+    assert r.tcp_eager_env({r.TCP_EAGER_VAR: "65536"}) == {}
+    assert r.mpiexec_env({})[r.TCP_EAGER_VAR] == str(4 * 2**20 + 2**16)
+    assert r.mpiexec_env({r.TCP_EAGER_VAR: "1"})[r.TCP_EAGER_VAR] == "1"

@@ -10,6 +10,7 @@ import pytest
 from hybridagg.train.config import (
     ALLREDUCE_BACKENDS,
     CONCERNS,
+    WIRE_FORMATS,
     OptimOptions,
     TrainConfig,
 )
@@ -64,6 +65,7 @@ FLAGS = [
     "--target-accuracy",
     "--warmup-updates",
     "--weight-decay",
+    "--wire",
 ]
 
 
@@ -146,6 +148,11 @@ def test_help_shows_the_groups_and_the_defaults():
         ({"batch_window": 0}, "--batch-window must be >= 1, got 0"),
         ({"damping": "cube"}, "--damping must be one of inverse, sqrt, none"),
         ({"allreduce_backend": "nccl"}, "--allreduce-backend must be one of"),
+        ({"wire": "fp8"}, "--wire must be one of fp32, bf16, fp16, got 'fp8'"),
+        (
+            {"wire": "bf16", "allreduce_backend": "horovod"},
+            "--wire bf16 needs --allreduce-backend mpi or torch",
+        ),
         ({"batch_smoothing": 0}, "--batch-smoothing must be in"),
         ({"adaptive_groups": True}, "--adaptive-groups needs --adaptive-batch"),
         ({"max_batch": 8}, "--batch-size 32 must lie within"),
@@ -173,6 +180,25 @@ def test_the_backends_are_the_optimizer_s():
     from hybridagg.optimizer.backends import BACKENDS
 
     assert ALLREDUCE_BACKENDS == BACKENDS
+
+
+def test_the_wire_formats_are_the_codec_s():
+    from hybridagg.comm.wire import WIRE_FORMATS as CODEC_FORMATS
+
+    assert WIRE_FORMATS == CODEC_FORMATS
+
+
+def test_the_wire_flag_parses_and_refuses_unknown_formats(capsys):
+    from hybridagg.cli import build_parser
+
+    parser = build_parser()
+    argv = ["train", "--data", "x", "--wire", "bf16"]
+    assert config_from_args(parser.parse_args(argv)).wire == "bf16"
+    assert config_from_args(parser.parse_args(argv[:3])).wire == "fp32"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["train", "--data", "x", "--wire", "fp8"])
+    assert exc.value.code == 2
+    assert "--wire" in capsys.readouterr().err
 
 
 def test_the_zoo_names_every_factory():

@@ -44,7 +44,7 @@ def _table(spec: ClusterSpec, counts: dict[str, tuple[int, int]] | None) -> str:
             (
                 h.name,
                 spec.address(h),
-                str(h.ranks),
+                f"{h.ranks} ({h.servers} server)" if h.servers else str(h.ranks),
                 h.link.describe(),
                 "-" if sent is None else f"{sent / 2**20:.1f}",
                 "-" if got is None else f"{got / 2**20:.1f}",

@@ -174,6 +174,7 @@ def _write_state(spec: ClusterSpec, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / plan.HOSTS_FILE).write_text(plan.etc_hosts(spec))
     (folder / plan.HOSTFILE_FILE).write_text(plan.mpi_hostfile(spec))
+    (folder / plan.RANKFILE_FILE).write_text(plan.mpi_rankfile(spec))
     agent = folder / plan.AGENT_FILE
     agent.write_text(plan.agent_script(spec, folder))
     agent.chmod(0o755)

@@ -32,6 +32,7 @@ __all__ = [
     "AGENT_FILE",
     "HOSTFILE_FILE",
     "HOSTS_FILE",
+    "RANKFILE_FILE",
     "STATE_FILE",
     "agent_script",
     "bridge_name",
@@ -50,6 +51,7 @@ STATE_FILE = "cluster.json"
 AGENT_FILE = "agent.sh"
 HOSTS_FILE = "hosts"
 HOSTFILE_FILE = "hostfile"
+RANKFILE_FILE = "rankfile"
 
 # A token bucket lets a burst of its size through at once, so a message
 # smaller than the bucket, sent after an idle moment, would cross faster than
@@ -186,6 +188,22 @@ def mpi_hostfile(spec: ClusterSpec) -> str:
     return "".join(f"{spec.address(h)} slots={h.ranks}\n" for h in spec.hosts)
 
 
+def mpi_rankfile(spec: ClusterSpec) -> str:
+    """Open MPI's rankfile: the host of every world rank (:meth:`ClusterSpec.rank_order`).
+
+    Used when a host has server slots, which ``--map-by slot`` cannot place
+    (it fills each host before the next). Each rank of a host gets its own
+    slot number; processes are not bound (``--bind-to none``), so the number
+    only keeps the entries distinct.
+    """
+    lines, used = [], {}
+    for rank, host in enumerate(spec.rank_order()):
+        slot = used.get(host.name, 0)
+        used[host.name] = slot + 1
+        lines.append(f"rank {rank}={spec.address(host)} slot={slot}\n")
+    return "".join(lines)
+
+
 def agent_script(spec: ClusterSpec, state_dir: Path) -> str:
     """The launch agent Open MPI calls instead of ssh: ``AGENT HOST COMMAND...``.
 
@@ -218,7 +236,8 @@ def mpiexec_args(spec: ClusterSpec, state_dir: Path, prefix: str) -> list[str]:
     """Open MPI 5 options that place a job's ranks on the cluster's hosts.
 
     Ranks fill the hosts in file order (``--map-by slot`` over a hostfile of
-    slots). The daemons are reached through the launch agent and over the
+    slots), or, when hosts have server slots, go where the rankfile says
+    (:func:`mpi_rankfile`). The daemons are reached through the launch agent and over the
     switch's subnet. Inside a host the ranks talk through shared memory
     (``btl/sm``), between hosts through TCP over the host links
     (``btl/tcp``, the subnet only); ``pml/ob1`` is the engine that uses those
@@ -233,10 +252,13 @@ def mpiexec_args(spec: ClusterSpec, state_dir: Path, prefix: str) -> list[str]:
             from it whatever ``PATH`` holds).
     """
     subnet = str(spec.subnet)
+    mapping = (
+        f"rankfile:file={state_dir / RANKFILE_FILE}" if spec.total_servers else "slot"
+    )
     return [
         "--prefix", prefix,
         "--hostfile", str(state_dir / HOSTFILE_FILE),
-        "--map-by", "slot",
+        "--map-by", mapping,
         "--prtemca", "plm_ssh_agent", str(state_dir / AGENT_FILE),
         "--prtemca", "oob_tcp_if_include", subnet,
         "--mca", "pml", "ob1",

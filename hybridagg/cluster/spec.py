@@ -16,11 +16,21 @@ A cluster file is TOML (read with the standard library's ``tomllib``)::
     ranks = 1
     bandwidth = "10gbit"         # a faster link for the servers' host
 
+    # or: a server beside the workers of each host (Kim et al.'s layout)
+    [[hosts]]
+    name = "c"
+    ranks = 3
+    servers = 1                  # one of its 3 ranks is a server slot
+
 Every host hangs on one switch by its own link; a byte from host ``a`` to
 host ``b`` leaves through ``a``'s link and arrives through ``b``'s, so it
 moves at the slower of the two rates and takes both latencies. Ranks fill
 the hosts in file order; hybridagg's servers are the last ranks, so the
-servers' host comes last.
+servers' host comes last. A host may instead hold ``servers`` of its ranks
+as server slots: then world ranks fill every host's other slots (the worker
+slots) first, in file order, and the ranks after them fill the server
+slots, in file order; a job whose workers fill the worker slots exactly has
+its servers (its last ranks) beside the workers (:meth:`ClusterSpec.rank_order`).
 
 Everything here is pure: :func:`load` and :func:`parse` check a description
 without root, MPI or the kernel, and every problem is a ``ValueError``
@@ -54,7 +64,7 @@ _PRIVATE = tuple(
     ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 )
 _TOP_KEYS = {"name", "subnet", "bandwidth", "latency_ms", "hosts"}
-_HOST_KEYS = {"name", "ranks", "bandwidth", "latency_ms"}
+_HOST_KEYS = {"name", "ranks", "servers", "bandwidth", "latency_ms"}
 
 
 @dataclass(frozen=True)
@@ -89,11 +99,14 @@ class Host:
         name: Its host name (what its ranks' ``MPI_Get_processor_name`` says).
         ranks: MPI ranks it runs (its slots).
         link: Its link to the switch.
+        servers: How many of its slots are server slots (filled after every
+            host's worker slots).
     """
 
     name: str
     ranks: int
     link: Link
+    servers: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,21 +148,32 @@ class ClusterSpec:
         """The switch's (bridge's) address: the subnet's last usable one."""
         return str(self.subnet.broadcast_address - 1)
 
+    @property
+    def total_servers(self) -> int:
+        """Server slots of all hosts together."""
+        return sum(h.servers for h in self.hosts)
+
+    def rank_order(self) -> list[Host]:
+        """The host of each world rank ``0 .. total_ranks - 1``.
+
+        Worker slots (each host's ``ranks - servers``) first, in file order,
+        then server slots, in file order; without server slots, ranks simply
+        fill the hosts in file order.
+        """
+        workers = [h for h in self.hosts for _ in range(h.ranks - h.servers)]
+        return workers + [h for h in self.hosts for _ in range(h.servers)]
+
     def host_of_rank(self, rank: int) -> Host:
-        """The host of a world rank (ranks fill the hosts in order).
+        """The host of a world rank (see :meth:`rank_order`).
 
         Raises:
             ValueError: ``rank`` is negative or not below :attr:`total_ranks`.
         """
-        left = rank
-        if left >= 0:  # a negative rank would otherwise land on the first host
-            for host in self.hosts:
-                if left < host.ranks:
-                    return host
-                left -= host.ranks
-        raise ValueError(
-            f"rank {rank} out of range: the cluster has {self.total_ranks} ranks"
-        )
+        if not 0 <= rank < self.total_ranks:
+            raise ValueError(
+                f"rank {rank} out of range: the cluster has {self.total_ranks} ranks"
+            )
+        return self.rank_order()[rank]
 
     def to_dict(self) -> dict:
         """The description as plain data (the state file of a running cluster)."""
@@ -162,6 +186,9 @@ class ClusterSpec:
                     "ranks": h.ranks,
                     "rate_bps": h.link.rate_bps,
                     "latency_ms": h.link.latency_ms,
+                    # only when set: a cluster brought up before hosts had
+                    # server slots still reads as the same description
+                    **({"servers": h.servers} if h.servers else {}),
                 }
                 for h in self.hosts
             ],
@@ -286,8 +313,23 @@ def parse(data: Mapping, source: str = "<cluster>") -> ClusterSpec:
             raise ValueError(
                 f"{where} ({host_name}): ranks must be an integer >= 1, got {ranks!r}"
             )
+        servers = entry.get("servers", 0)
+        if (
+            isinstance(servers, bool)
+            or not isinstance(servers, int)
+            or not 0 <= servers <= ranks
+        ):
+            raise ValueError(
+                f"{where} ({host_name}): servers must be an integer from 0 to its "
+                f"ranks ({ranks}), got {servers!r}"
+            )
         hosts.append(
-            Host(host_name, ranks, _link(entry, default, f"{where} ({host_name})"))
+            Host(
+                host_name,
+                ranks,
+                _link(entry, default, f"{where} ({host_name})"),
+                servers,
+            )
         )
     return ClusterSpec(name=name, subnet=subnet, hosts=tuple(hosts), source=source)
 

@@ -14,7 +14,8 @@ from enum import Enum
 import numpy as np
 import torch
 
-from ..comm import Comm, ScratchPool
+from ..comm import Comm, ErrorFeedback, ScratchPool, wire_dtype
+from .compact import CompactAllreduce, CompactBcast, CompactReduce
 from .mean import mean_allreduce
 from .ring import RingAllreduce, settled_allreduce
 from .settings import CollectiveSettings
@@ -33,10 +34,18 @@ class Algorithm(Enum):
     """The pipelined ring of non-blocking messages, polled."""
     SETTLED = "settled"
     """A ring of blocking ``MPI_Sendrecv`` calls: every rank has arrived."""
+    COMPACT = "compact"
+    """A direct reduce-scatter and all-gather in bf16/fp16, summed in float32
+    (:class:`~hybridagg.collectives.compact.CompactAllreduce`), polled."""
 
 
 def choose_allreduce(
-    nbytes: int, size: int, *, settled: bool, settings: CollectiveSettings
+    nbytes: int,
+    size: int,
+    *,
+    settled: bool,
+    settings: CollectiveSettings,
+    compact: bool = False,
 ) -> Algorithm:
     """The algorithm for a sum all-reduce of ``nbytes`` over ``size`` ranks.
 
@@ -49,9 +58,14 @@ def choose_allreduce(
             collective complete that each rank posted just before), so
             blocking calls cannot spin long on a late peer.
         settings: The thresholds.
+        compact: The wire format is bf16 or fp16 (and the buffer floating
+            point): MPI cannot reduce those types, so every size takes the
+            compact algorithm.
     """
     if size == 1:
         return Algorithm.NONE
+    if compact:
+        return Algorithm.COMPACT
     if settled and nbytes < settings.settled_max_bytes:
         return Algorithm.SETTLED
     if nbytes >= settings.ring_min_bytes:
@@ -70,15 +84,54 @@ class Collectives:
         comm: The communicator; every rank of it makes the same calls in the
             same order.
         settings: Thresholds (default: from the environment).
+        wire: ``"fp32"``, or ``"bf16"``/``"fp16"``: floating-point sums,
+            reductions to a root and broadcasts send that type (with error
+            feedback, :mod:`.compact`); for gradients only.
     """
 
-    def __init__(self, comm: Comm, settings: CollectiveSettings | None = None) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        settings: CollectiveSettings | None = None,
+        wire: str = "fp32",
+    ) -> None:
         self.comm = comm
         self.settings = CollectiveSettings.from_env() if settings is None else settings
         self.scratch = ScratchPool()
         self.events = 0
         """Stages completed by multi-stage operations: polled waits watch it."""
         self._rings = 0
+        self.wire = wire
+        dtype = wire_dtype(wire)
+        self.feedback = None if dtype == torch.float32 else ErrorFeedback(dtype)
+        """The residuals of every gradient this rank rounds (compact wire)."""
+        self._compact = 0
+        self.bytes_sent = 0
+        """Bytes the compact operations posted to send (what the wire carries)."""
+
+    def compacts(self, x: torch.Tensor) -> bool:
+        """Whether operations on ``x`` travel in the compact type."""
+        return self.feedback is not None and x.dtype in (torch.float32, torch.float64)
+
+    def _sent(self, nbytes: int) -> None:
+        self.bytes_sent += nbytes
+
+    def _compact_args(self) -> tuple:
+        seq = self._compact
+        self._compact += 1
+        return self.feedback, seq, self.scratch, self._stage_done, self._sent
+
+    def start_reduce(self, x: torch.Tensor, root: int) -> Callable[[], bool]:
+        """Post a compact sum of every rank's ``x`` into ``root``'s (see :meth:`compacts`)."""
+        if self.comm.size == 1:
+            return lambda: True
+        return CompactReduce(self.comm, x, root, *self._compact_args()).test
+
+    def start_bcast(self, x: torch.Tensor, root: int) -> Callable[[], bool]:
+        """Post a compact broadcast of ``root``'s ``x`` (see :meth:`compacts`)."""
+        if self.comm.size == 1:
+            return lambda: True
+        return CompactBcast(self.comm, x, root, *self._compact_args()).test
 
     def _stage_done(self) -> None:
         self.events += 1
@@ -100,10 +153,16 @@ class Collectives:
         """
         nbytes = x.numel() * x.element_size()
         algorithm = choose_allreduce(
-            nbytes, self.comm.size, settled=settled, settings=self.settings
+            nbytes,
+            self.comm.size,
+            settled=settled,
+            settings=self.settings,
+            compact=self.compacts(x),
         )
         if algorithm is Algorithm.NONE:
             return lambda: True
+        if algorithm is Algorithm.COMPACT:
+            return CompactAllreduce(self.comm, x, *self._compact_args()).test
         if algorithm is Algorithm.SETTLED:
             settled_allreduce(self.comm, x, self.scratch)
             self._stage_done()
@@ -133,6 +192,7 @@ class Collectives:
         nbytes = x.numel() * x.element_size()
         s = self.settings
         settled = s.ring_min_bytes <= nbytes < s.settled_max_bytes
+        settled = settled and not self.compacts(x)
         if settled:
             self.comm.barrier(what=what)
         test = self.start_allreduce(x, settled=settled)

@@ -34,17 +34,29 @@ from .process import (
     peer_failure_of,
 )
 from .waits import CommTimeoutError, check_timeout, default_timeout, wait, wait_until
+from .wire import (
+    WIRE_FORMATS,
+    ErrorFeedback,
+    WireCodec,
+    check_wire,
+    wire_dtype,
+    wire_view,
+)
 
 __all__ = [
+    "WIRE_FORMATS",
     "Comm",
     "CommTimeoutError",
+    "ErrorFeedback",
     "Heartbeat",
     "RemoteError",
     "ScratchPool",
+    "WireCodec",
     "all_finite",
     "alloc",
     "as_buffer",
     "check_timeout",
+    "check_wire",
     "configure_threads",
     "default_timeout",
     "end_job",
@@ -58,4 +70,6 @@ __all__ = [
     "solo",
     "wait",
     "wait_until",
+    "wire_dtype",
+    "wire_view",
 ]

@@ -37,6 +37,7 @@ def build_transports(
     on_cuda: bool,
     hierarchical: bool,
     settings: CollectiveSettings,
+    wire: str = "fp32",
 ) -> GroupTransports:
     """Create the group's communicators and transports (collective over the workers).
 
@@ -46,6 +47,7 @@ def build_transports(
         on_cuda: The parameters live on CUDA devices.
         hierarchical: Reduce to the leader, across leaders, then broadcast.
         settings: The MPI collectives' thresholds.
+        wire: The type gradients travel in (``fp32``, ``bf16``, ``fp16``).
     """
     comms = topo.comms
     group = comms.group.dup(f"group{topo.group}.reduce")
@@ -58,7 +60,9 @@ def build_transports(
     owned = [c for c in (group, bcast, cross_comm) if c is not None]
 
     def mpi(comm: Comm | None) -> Transport | None:
-        return make_transport("mpi", comm, [], 0, settings=settings) if comm else None
+        if comm is None:
+            return None
+        return make_transport("mpi", comm, [], 0, settings=settings, wire=wire)
 
     if backend == "mpi":
         return GroupTransports(mpi(group), mpi(bcast), mpi(cross_comm), owned)
@@ -68,17 +72,19 @@ def build_transports(
         cross = None
         if cross_comm is not None:
             cross = make_transport(
-                "torch", cross_comm, list(topo.leaders), me, pgs["leaders"]
+                "torch", cross_comm, list(topo.leaders), me, pgs["leaders"], wire=wire
             )
         return GroupTransports(
-            make_transport("torch", group, ranks, me, pgs["group"]),
-            make_transport("torch", bcast, ranks, me, pgs["bcast"]) if bcast else None,
+            make_transport("torch", group, ranks, me, pgs["group"], wire=wire),
+            make_transport("torch", bcast, ranks, me, pgs["bcast"], wire=wire)
+            if bcast
+            else None,
             cross,
             owned,
         )
     sets = _horovod_sets(topo)
     return GroupTransports(
-        make_transport("horovod", group, ranks, me, sets["group"]),
+        make_transport("horovod", group, ranks, me, sets["group"], wire=wire),
         make_transport("horovod", bcast, ranks, me, sets["group"]) if bcast else None,
         mpi(cross_comm),
         owned,

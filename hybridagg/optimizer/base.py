@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm, all_finite
+from ..comm import Comm, all_finite, check_wire
 from ..modes import check_mode
 from ..ps.compensation import Compensation
 from ..reduce import DEFAULT_BUCKET_BYTES, SHARE_SLOTS, GradientReducer
@@ -77,6 +77,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             :attr:`batch_advice`. Keys: ``initial`` (each group's batch),
             ``deadband``, ``smoothing``, ``window``, ``min_batch``,
             ``max_group_batch``.
+        wire: The type gradients and weights travel in: ``"fp32"`` (the
+            default), ``"bf16"`` or ``"fp16"`` (half the bytes; every rank
+            that rounds a gradient keeps what the rounding lost and adds it
+            to its next gradient, so nothing is lost over time; sums are
+            formed in float32; the servers' float32 master weights never
+            leave them). The same in every mode, so modes compare on one
+            wire. Needs the ``mpi`` or ``torch`` all-reduce backend; with
+            ``fp16``, a gradient element beyond 65504 becomes an infinity
+            and the non-finite check stops the run.
         fault_tolerant: The run survives the loss of a group
             (``--on-group-failure continue``): no shared-memory window is
             used for the group's reduction (Open MPI does not support its
@@ -119,7 +128,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         stream_push: bool = False,
         server_batching: dict | None = None,
         fault_tolerant: bool = False,
+        wire: str = "fp32",
     ) -> None:
+        check_wire(wire)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
@@ -132,6 +143,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             )
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        if wire != "fp32" and allreduce_backend == "horovod":
+            raise ValueError(
+                f"wire {wire!r} needs allreduce_backend 'mpi' or 'torch', not horovod"
+            )
         if compensation is not None and not isinstance(compensation, Compensation):
             raise TypeError("compensation must be a hybridagg.ps.Compensation")
         topo = default_topology(topology)
@@ -170,14 +185,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             error = exc
         self._control = self._scope(topo).dup("control")
         self._control.check(error, what="collective settings")
-        _check_agreement(named, settings, self._control)
+        _check_agreement(named, settings, self._control, wire)
+        self.wire = wire
         backend = allreduce_backend
         if backend == "auto":
             backend = "torch" if any(p.is_cuda for _, p in named) else "mpi"
         self.allreduce_backend = backend
         hierarchical = self._hierarchical(topo)
         self._transports = build_transports(
-            backend, topo, any(p.is_cuda for _, p in named), hierarchical, settings
+            backend,
+            topo,
+            any(p.is_cuda for _, p in named),
+            hierarchical,
+            settings,
+            wire,
         )
         t = self._transports
         self._reducer = GradientReducer(
@@ -479,8 +500,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"{type(self).__name__}(mode={self.mode!r}, {self.optimizer!r})"
 
 
-def _check_agreement(named, settings: CollectiveSettings, control: Comm) -> None:
-    """Check that every rank has the same parameters and collective settings.
+def _check_agreement(
+    named, settings: CollectiveSettings, control: Comm, wire: str = "fp32"
+) -> None:
+    """Check that every rank has the same parameters, collective settings and wire.
 
     Ranks whose thresholds differ would post different collectives, and
     ranks whose parameters differ would reduce mismatched buckets: both
@@ -489,10 +512,17 @@ def _check_agreement(named, settings: CollectiveSettings, control: Comm) -> None
     """
     params = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
     everyone = control.allgather(
-        (params, settings), what="parameter shapes and settings"
+        (params, settings, wire), what="parameter shapes and settings"
     )
     first = everyone[0][1]
-    for rank, (_, theirs) in enumerate(everyone):
+    for rank, (_, _, theirs_wire) in enumerate(everyone):
+        if theirs_wire != everyone[0][2]:
+            raise ValueError(
+                f"wire differs between rank 0 ({everyone[0][2]!r}) and rank "
+                f"{rank} ({theirs_wire!r}) of the workers; it must be the same "
+                "on every rank"
+            )
+    for rank, (_, theirs, _) in enumerate(everyone):
         for name, env in _SETTING_NAMES.items():
             if getattr(theirs, name) != getattr(first, name):
                 raise ValueError(
@@ -500,7 +530,7 @@ def _check_agreement(named, settings: CollectiveSettings, control: Comm) -> None
                     f"rank {rank} ({getattr(theirs, name)!r}) of the workers; it "
                     "must be the same on every rank"
                 )
-    shapes = [p for p, _ in everyone]
+    shapes = [p for p, _, _ in everyone]
     for rank, theirs in enumerate(shapes):
         if theirs != shapes[0]:
             diff = next(

@@ -54,6 +54,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
                 overlap=overlap,
                 stream=self._reducer.early_total,
                 batching=server_batching,
+                wire=self.wire,
             ),
         )
         if self._reducer.early_total and self.topology.is_leader:

@@ -12,8 +12,17 @@ import importlib
 from typing import Any
 
 from .compensation import Compensation, damping, lr_scale
+from .sizing import ServerSizing, servers_needed
 
-__all__ = ["Compensation", "ServerStats", "damping", "lr_scale", "serve"]
+__all__ = [
+    "Compensation",
+    "ServerSizing",
+    "ServerStats",
+    "damping",
+    "lr_scale",
+    "serve",
+    "servers_needed",
+]
 
 _LAZY = {"ServerStats": ".server", "serve": ".server"}
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm, alloc
+from ..comm import Comm, WireCodec, alloc
 from ..runtime import envvars
 from . import protocol as P
 from .compensation import Compensation
@@ -60,6 +60,10 @@ class PSClient:
         batching: Adaptive batching on server 0: ``initial`` (each group's
             batch), ``deadband``, ``smoothing``, ``window``, ``min_batch``,
             ``max_group_batch``; ``None``: off.
+        wire: The type the gradient is pushed in and the weights come back
+            in (``fp32``, ``bf16``, ``fp16``): the leader rounds its group's
+            gradient with error feedback (:mod:`hybridagg.comm.wire`); the
+            final weights (``FINAL``) and the buffers stay exact.
 
     Raises:
         ValueError: The parameters have several dtypes, or (leader 0) one is
@@ -79,6 +83,7 @@ class PSClient:
         part_bytes: int | None = None,
         skip_update: bool = False,
         batching: dict | None = None,
+        wire: str = "fp32",
     ) -> None:
         self.ps, self.num_groups = ps, num_groups
         self.num_servers = ps.size - num_groups
@@ -114,6 +119,11 @@ class PSClient:
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
         self._flat_grad: torch.Tensor | None = None  # (only unstreamed pushes)
         self._plan: list | None = None
+        # what the gradient is pushed in (rounded, with error feedback; a
+        # streamed push rounds each part from bucket memory with the same
+        # residual as an unstreamed one) and the weights are received in
+        self.grad_wire = WireCodec(wire, total, feedback=True)
+        self.weights_wire = WireCodec(wire, total, feedback=False)
         nbuf = sum(b.numel() for b in buffers)
         self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
         self.versions = [0] * self.num_servers
@@ -131,6 +141,7 @@ class PSClient:
                 part_elems=self.part_elems,
                 skip_update=bool(skip_update),
                 batching=batching,
+                wire=wire,
             )
             pending = [
                 ps.isend(spec, self._server(s), P.INIT) for s, spec in enumerate(specs)
@@ -158,11 +169,8 @@ class PSClient:
             head = np.zeros(P.REPLY_LEN, dtype=np.float64)
             reqs.append(self.ps.Irecv(head, self._server(s), P.REPLY_HDR))
             for i, (lo, hi) in enumerate(self.parts[s]):
-                reqs.append(
-                    self.ps.Irecv(
-                        self.flat_weights[lo:hi], self._server(s), P.part_tag(i)
-                    )
-                )
+                into = self.weights_wire.landing(self.flat_weights, lo, hi)
+                reqs.append(self.ps.Irecv(into, self._server(s), P.part_tag(i)))
             replies.append(head)
         if self.flat_buffers is not None:
             reqs.append(self.ps.Irecv(self.flat_buffers, self._server(0), P.REPLY_BUF))
@@ -213,9 +221,8 @@ class PSClient:
             keep.append(head)
             reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
             for i, (lo, hi) in enumerate(self.parts[s]):
-                reqs.append(
-                    self.ps.Isend(self.flat_grad[lo:hi], self._server(s), P.part_tag(i))
-                )
+                part = self.grad_wire.encode(self.flat_grad, lo, hi)
+                reqs.append(self.ps.Isend(part, self._server(s), P.part_tag(i)))
         if self.flat_buffers is not None:
             packed = self._pack_buffers()
             keep.append(packed)
@@ -258,7 +265,9 @@ class PSClient:
             keep.append(head)
             reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
         servers = [self._server(s) for s in range(self.num_servers)]
-        push = StreamedPush(self.ps, servers, self._plan[1], reqs, keep)
+        push = StreamedPush(
+            self.ps, servers, self._plan[1], reqs, keep, codec=self.grad_wire
+        )
         push.replies = replies
         return push
 
@@ -292,6 +301,10 @@ class PSClient:
             a server stop every group (``None``: none).
         """
         self.ps.wait(trip.requests, "push/pull with the parameter servers")
+        if self.weights_wire.compact:
+            for parts in self.parts:
+                for lo, hi in parts:
+                    self.weights_wire.decode(self.flat_weights, lo, hi)
         replies = [P.Reply.decode(h) for h in trip.replies]
         self.versions = [r.version for r in replies]
         first = replies[0]

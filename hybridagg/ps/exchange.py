@@ -51,6 +51,7 @@ class ExchangeOptions:
             step (:func:`streams`).
         batching: Server-side adaptive batching options (see
             :class:`~hybridagg.ps.client.PSClient`).
+        wire: The type pushed gradients and pulled weights travel in.
     """
 
     compensation: Compensation
@@ -59,6 +60,7 @@ class ExchangeOptions:
     overlap: bool = False
     stream: bool = False
     batching: dict | None = None
+    wire: str = "fp32"
 
 
 def streams(stream: bool, overlap: bool, on_cpu: bool) -> bool:
@@ -133,6 +135,7 @@ class GroupExchange:
                 options.staleness_bound,
                 options.max_updates,
                 batching=options.batching,
+                wire=options.wire,
             )
         self.pending: RoundTrip | None = None
         self.unsent = False  # the leader's model holds weights its group lacks
@@ -149,6 +152,7 @@ class GroupExchange:
         self.seconds_per_sample = 0.0
         self.nonfinite_group: int | None = None
         self.nonfinite_version = 0
+        self.halted_here = False  # this group found its own NaN or infinity
         self.buckets: list[tuple[int, int]] | None = None
         """Streaming: each bucket's range of the flat model (set by the caller)."""
         self.streaming: StreamedPush | None = None
@@ -307,6 +311,7 @@ class GroupExchange:
         tells every server when it finishes (:meth:`finish`); the servers
         then stop every other group with the reason in their replies.
         """
+        self.halted_here = True
         if self.nonfinite_group is None:
             self.nonfinite_group = self.topology.group
             self.nonfinite_version = self.version
@@ -315,10 +320,22 @@ class GroupExchange:
 
     @property
     def halted_by_servers(self) -> str | None:
-        """Why the servers stopped this group for another group's NaN or infinity."""
+        """Why the servers stopped this group for a NaN or an infinity they found.
+
+        Another group's, or this group's own push when the group had not
+        halted itself: its gradient was finite, what arrived was not (on an
+        fp16 wire, an element beyond 65504 becomes an infinity).
+        """
         g = self.nonfinite_group
-        if g is None or g == self.topology.group:
+        if g is None or self.halted_here:
             return None
+        if g == self.topology.group:
+            return (
+                f"the push of {group_name(self.topology, g)} was not finite on "
+                "the servers (an element beyond the wire format's range?); the "
+                f"servers stopped every group (server version "
+                f"{self.nonfinite_version})"
+            )
         return (
             f"{group_name(self.topology, g)} had a non-finite loss or gradient; "
             f"the servers stopped every group (server version "

@@ -8,6 +8,9 @@ arrives (:meth:`RequestHandler.advance`), scaling the group's forwarded
 ``lr`` by the compensation, and sends the updated part back, while it goes
 on serving the other leaders (pushes of several groups may be in flight).
 A part of length 0 is not applied: the leader cut its push short there.
+On a compact wire (``bf16``, ``fp16``) parts land in the wire's type (each
+group after the first in a compact buffer of its own) and are widened to
+float32 just before they are checked and applied.
 
 Non-finite values: each part of a pushed gradient (and the buffers) is
 checked before it is applied. A NaN or an infinity, or a leader's ``DONE``
@@ -36,7 +39,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm, CommTimeoutError, all_finite, alloc
+from ..comm import Comm, CommTimeoutError, WireCodec, all_finite, alloc
 from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator
@@ -53,13 +56,36 @@ __all__ = ["RequestHandler"]
 _MAX_APPLY_TIMES = 10_000
 
 
+@dataclass(frozen=True)
+class _Landing:
+    """Where one group's pushed gradient lands, and the float32 it is applied from.
+
+    Parts are received in the wire's type (:meth:`receive_into`) and widened
+    into ``flat`` (:meth:`widen`) just before they are checked and applied;
+    on the float32 wire they land in ``flat`` itself.
+    """
+
+    codec: WireCodec
+    flat: torch.Tensor
+    """The whole shard's float32 gradient, as the optimizer reads it."""
+
+    def receive_into(self, a: int, b: int) -> torch.Tensor:
+        """The memory part ``[a, b)`` of the shard is received into."""
+        return self.codec.landing(self.flat, a, b)
+
+    def widen(self, a: int, b: int) -> torch.Tensor:
+        """Part ``[a, b)`` in float32, once it has arrived (``flat[a:b]``)."""
+        self.codec.decode(self.flat, a, b)
+        return self.flat[a:b]
+
+
 @dataclass
 class _Push:
     """A push in flight on a server: its receives and what is left to do."""
 
     g: int
     request: P.Request
-    landing: torch.Tensor
+    landing: _Landing
     """Where the gradient lands (the whole shard)."""
     parts: list[MPI.Request]
     incoming: torch.Tensor | None
@@ -150,7 +176,7 @@ class RequestHandler:
         self.nonfinite: int | None = None
         self.pushes: dict[int, _Push] = {}
         """The pushes in flight, by group."""
-        self.landings: dict[int, torch.Tensor] = {}
+        self.landings: dict[int, _Landing] = {}
         groups = book.num_groups
         self.headers = [np.zeros(request_len, dtype=np.float64) for _ in range(groups)]
         self.inbox = [MPI.REQUEST_NULL] * groups
@@ -256,7 +282,7 @@ class RequestHandler:
             )
         landing = self._landing(g)
         parts = [
-            ps.Irecv(landing[a:b], g, P.part_tag(i))
+            ps.Irecv(landing.receive_into(a, b), g, P.part_tag(i))
             for i, (a, b) in enumerate(store.parts)
         ]
         incoming, buffers = None, MPI.REQUEST_NULL
@@ -355,12 +381,12 @@ class RequestHandler:
         t0 = time.perf_counter()
         for i in push.ready:
             a, b = store.parts[i]
-            part = push.landing[a:b]
-            cut = i in push.empty
-            if not cut and self.nonfinite is None and not all_finite([part]):
-                self.halt(g)  # one group must not poison the model
-            if not cut and self.nonfinite is None:
-                store.apply(i, push.lrs, push.scale, push.landing)
+            if i not in push.empty and self.nonfinite is None:
+                part = push.landing.widen(a, b)  # (bf16/fp16: to float32)
+                if all_finite([part]):
+                    store.apply(i, push.lrs, push.scale, push.landing.flat)
+                else:
+                    self.halt(g)  # one group must not poison the model
             if not push.hold:
                 push.replies.append(self.replies.weights(g, i, predict=True))
         push.applied += time.perf_counter() - t0
@@ -392,13 +418,23 @@ class RequestHandler:
         if self.server == 0:
             self.release_held()
 
-    def _landing(self, g: int) -> torch.Tensor:
+    def _landing(self, g: int) -> _Landing:
         """Where leader ``g``'s gradient lands: pushes of several groups may
-        be in flight at once, so each group after the first has its own."""
+        be in flight at once, so each group after the first has its own
+        landing buffer, in the wire's type. On a compact wire every group's
+        parts are widened into the shard's one float32 ``grad`` just before
+        they are applied (the server applies one part at a time), so a
+        group's own buffer costs 2 bytes per element, not 4."""
+        store = self.store
         if g == 0:
-            return self.store.grad
+            return _Landing(store.grad_wire, store.grad)
         if self.landings.get(g) is None:
-            self.landings[g] = alloc(self.store.grad.numel(), self.store.grad.dtype)
+            numel = store.grad.numel()
+            if store.grad_wire.compact:
+                own = _Landing(WireCodec(store.wire, numel, feedback=False), store.grad)
+            else:
+                own = _Landing(store.grad_wire, alloc(numel, store.grad.dtype))
+            self.landings[g] = own
         return self.landings[g]
 
     def _reply(self, g: int, staleness: int, scale: float) -> P.Reply:

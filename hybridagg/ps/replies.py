@@ -7,6 +7,11 @@ each group's reply is sent from a copy of its own: a large reply completes
 only inside the receiving leader's MPI calls, and a leader that overlaps
 its exchange with compute makes none for a whole step, so waiting for it
 would pace every other group to it.
+
+On a compact wire (``bf16``, ``fp16``) every weights reply is rounded from
+the float32 master (or the lookahead's copy of it) into a compact copy of
+the group's own, which the reply is sent from: the master never leaves the
+server, so rounding never accumulates in the model.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm, alloc
+from ..comm import Comm, WireCodec, alloc
 from . import protocol as P
 from .failures import leader_lost
 from .lookahead import Lookahead
@@ -55,6 +60,8 @@ class ReplySender:
         self.copies: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [
             None
         ] * num_groups
+        # per group: the compact copy a reply's weights are sent from
+        self.wires: list[WireCodec | None] = [None] * num_groups
 
     def header(self, g: int, reply: P.Reply) -> MPI.Request:
         """Post the reply header to ``g``, once its previous reply has completed."""
@@ -68,6 +75,14 @@ class ReplySender:
         """
         a, b = self.store.parts[part]
         source = self._source(g, a, b, part if predict else None)
+        if self.store.grad_wire.compact:
+            wire = self.wires[g]
+            if wire is None:
+                numel = self.store.flat.numel()
+                wire = WireCodec(self.store.wire, numel, feedback=False)
+                self.wires[g] = wire
+            wire.buffer[a:b].copy_(source)  # rounded to nearest
+            source = wire.landing(self.store.flat, a, b)
         return self.ps.Isend(source, g, P.part_tag(part))
 
     def buffers(self, g: int) -> MPI.Request:

@@ -40,6 +40,8 @@ class ServerSpec:
         part_elems: Largest part of the shard, in elements.
         skip_update: Return the weights without applying the optimizer.
         batching: Adaptive batching options (server 0), or ``None``.
+        wire: The type gradients arrive in and weights are replied in
+            (``fp32``, ``bf16``, ``fp16``).
     """
 
     optimizer: type[torch.optim.Optimizer]
@@ -56,6 +58,7 @@ class ServerSpec:
     part_elems: int
     skip_update: bool = False
     batching: dict | None = None
+    wire: str = "fp32"
 
 
 def server_specs(
@@ -71,6 +74,7 @@ def server_specs(
     part_elems: int,
     skip_update: bool = False,
     batching: dict | None = None,
+    wire: str = "fp32",
 ) -> list[ServerSpec]:
     """The spec of every server, from the leader's model and optimizer.
 
@@ -87,6 +91,7 @@ def server_specs(
         part_elems: See :class:`ServerSpec`.
         skip_update: See :class:`ServerSpec`.
         batching: See :class:`ServerSpec`.
+        wire: See :class:`ServerSpec`.
 
     Raises:
         ValueError: A parameter is in none of the optimizer's groups.
@@ -124,6 +129,7 @@ def server_specs(
             part_elems=part_elems,
             skip_update=skip_update,
             batching=batching,
+            wire=wire,
         )
         for s, (lo, hi) in enumerate(ranges)
     ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..comm import alloc
+from ..comm import WireCodec, alloc
 from .compensation import lookahead_factor
+from .kernels import KERNEL_KEYS, build_optimizer
 from .shards import optimizer_order, part_ranges
 from .spec import ServerSpec
 
@@ -31,6 +32,10 @@ class ShardStore:
         self.flat = alloc(initial.numel(), initial.dtype, zero=False)
         self.flat.copy_(initial)
         self.grad = alloc(initial.numel(), initial.dtype)
+        self.wire = spec.wire
+        # a pushed part lands here in the wire's type, and is widened into
+        # ``grad`` before the check and the update (the master stays float32)
+        self.grad_wire = WireCodec(spec.wire, initial.numel(), feedback=False)
         self.version = 0
         lo, hi = spec.shard_range
         self.shard_range = (int(lo), int(hi))
@@ -63,7 +68,9 @@ class ShardStore:
                     self._slots[-1].append((param, start - lo, stop - lo))
                 hyper.append({**spec.hyper[g], "params": params})
             groups = [g for g, _ in order]
-            self.optimizers.append((spec.optimizer(hyper, **spec.defaults), groups))
+            self.optimizers.append(
+                (build_optimizer(spec.optimizer, hyper, spec.defaults), groups)
+            )
         self.buffers = (
             torch.as_tensor(np.asarray(spec.buffers)).clone()
             if spec.buffers is not None
@@ -178,4 +185,10 @@ class ShardStore:
             raise ValueError("checkpointed shard was cut into other parts")
         for entry, sd in zip(self.optimizers, saved, strict=True):
             if entry is not None and sd is not None:
-                entry[0].load_state_dict(sd)
+                opt = entry[0]
+                chosen = [
+                    {k: g[k] for k in KERNEL_KEYS if k in g} for g in opt.param_groups
+                ]
+                opt.load_state_dict(sd)
+                for group, keys in zip(opt.param_groups, chosen, strict=True):
+                    group.update(keys)  # a kernel is this server's choice, not state

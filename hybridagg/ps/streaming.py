@@ -12,6 +12,12 @@ is copied into a staging buffer of its own size (at most one per bucket
 boundary and server). The servers apply and return each part as it arrives
 (:mod:`hybridagg.ps.handler`), in backward order: the last parameters first.
 
+On a compact wire (``--wire bf16``/``fp16``) each part is rounded, with the
+client's error feedback (:class:`~hybridagg.comm.WireCodec`), when its
+bucket becomes final, and sent from the compact copy: the same parts, the
+same residuals and the same arithmetic as an unstreamed push, so both send
+the same bits.
+
 :func:`plan_stream` is the pure plan (which parts each bucket completes);
 :class:`StreamedPush` sends by it.
 """
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..comm import Comm
+from ..comm import Comm, WireCodec
 from . import protocol as P
 
 __all__ = ["StreamPart", "StreamedPush", "bucket_ranges", "plan_stream"]
@@ -128,6 +134,8 @@ class StreamedPush:
         plan: :func:`plan_stream`'s plan.
         requests: The round trip's requests so far (reply receives, headers).
         keep: Buffers that must outlive the requests.
+        codec: The wire the gradient travels in (the client's, with its
+            error feedback); ``None`` or float32: parts go as they lie.
     """
 
     def __init__(
@@ -137,8 +145,10 @@ class StreamedPush:
         plan: list[list[StreamPart]],
         requests: list,
         keep: list,
+        codec: WireCodec | None = None,
     ) -> None:
         self.ps, self.servers, self.plan = ps, servers, plan
+        self.codec = codec
         self.requests, self.keep = requests, keep
         self.memory: dict[int, torch.Tensor] = {}
         self.next = 0
@@ -174,8 +184,13 @@ class StreamedPush:
                 data = self.memory[b][a:z]
             else:
                 data = torch.cat([self.memory[b][a:z] for b, a, z in part.pieces])
-                self.keep.append(data)
                 self.copied += data.numel()
+            if self.codec is not None and self.codec.compact:
+                # rounded now that the part is final, into the codec's compact
+                # copy of the vector, which the message is sent from
+                data = self.codec.encode_part(data, part.lo, part.hi)
+            elif not part.direct:
+                self.keep.append(data)  # (the staging copy outlives its send)
             self.requests.append(
                 self.ps.Isend(data, self.servers[part.server], P.part_tag(part.index))
             )

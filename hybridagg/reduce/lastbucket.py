@@ -89,6 +89,11 @@ class LastBucketFacts:
     (not hierarchical, not a group of one)."""
     same_ranks: bool
     """The control vector's communicator spans exactly the group's ranks."""
+    compact: bool = False
+    """Gradients travel in bf16 or fp16 (``wire``): every strategy that sums
+    the bucket elsewhere than in the transport (in the control vector, in
+    shared memory, in the weighted-mean ring) would bypass the wire format
+    and its error feedback, so the bucket is reduced like every other."""
 
 
 def choose_last_bucket(
@@ -103,6 +108,8 @@ def choose_last_bucket(
             collective vote of :func:`shared_memory_usable`, for the bytes
             :func:`shared_memory_vote_bytes` names).
     """
+    if facts.compact:
+        return LastBucketKind.EAGER
     deferred = (
         facts.flat and facts.mpi and facts.on_cpu
         and facts.nbytes >= settings.ring_min_bytes

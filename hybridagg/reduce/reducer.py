@@ -131,6 +131,7 @@ class GradientReducer:
             mpi=isinstance(transport, MPITransport),
             flat=not hierarchical and bool(self.stages),
             same_ranks=transport.size == control.size,
+            compact=transport.wire != "fp32",
         )
         # (collective over the group when shared memory may serve; every rank
         # reaches the same choice)

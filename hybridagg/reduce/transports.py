@@ -5,6 +5,13 @@ true once complete): ``"mpi"`` (CPU tensors straight to MPI through
 :class:`hybridagg.collectives.Collectives`, no copy), ``"torch"`` (a
 ``torch.distributed`` subgroup: NCCL on CUDA, gloo on CPU) and ``"horovod"``
 (Horovod process sets).
+
+The wire format (``wire``, :mod:`hybridagg.comm.wire`): with ``"bf16"`` or
+``"fp16"`` the MPI transport sends gradients in that type and forms sums in
+float32 (:mod:`hybridagg.collectives.compact`); the ``torch`` transport
+rounds each contribution (with error feedback) into a compact copy that the
+library sums in the compact type (NCCL and gloo add bf16/fp16 as bf16/fp16)
+and widens the result; Horovod's is not supported.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import torch
 from mpi4py import MPI
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm, as_buffer
+from ..comm import Comm, ErrorFeedback, as_buffer, check_wire, wire_dtype
 
 __all__ = [
     "HorovodTransport",
@@ -40,6 +47,8 @@ class Transport:
     size: int
     rank: int
     name: str
+    wire: str = "fp32"
+    """The type gradients travel in (``fp32``, ``bf16``, ``fp16``)."""
 
     @property
     def events(self) -> int:
@@ -65,11 +74,18 @@ class MPITransport(Transport):
     Args:
         comm: The group's communicator, used by this transport alone.
         settings: The collectives' thresholds (default: the environment's).
+        wire: The type gradients travel in.
     """
 
-    def __init__(self, comm: Comm, settings: CollectiveSettings | None = None) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        settings: CollectiveSettings | None = None,
+        wire: str = "fp32",
+    ) -> None:
         self.comm = comm
-        self.collectives = Collectives(comm, settings)
+        self.wire = check_wire(wire)
+        self.collectives = Collectives(comm, settings, wire)
         self.size, self.rank, self.name = comm.size, comm.rank, comm.name
 
     @property
@@ -80,6 +96,8 @@ class MPITransport(Transport):
         return self.collectives.start_allreduce(buf, settled=settled)
 
     def start_reduce(self, buf, root):
+        if self.collectives.compacts(buf):
+            return self.collectives.start_reduce(buf, root)
         if self.rank == root:
             req = self.comm.mpi.Ireduce(MPI.IN_PLACE, as_buffer(buf), MPI.SUM, root)
         else:
@@ -87,34 +105,75 @@ class MPITransport(Transport):
         return req.Test
 
     def start_bcast(self, buf, root):
+        if self.collectives.compacts(buf):
+            return self.collectives.start_bcast(buf, root)
         return self.comm.Ibcast(buf, root).Test
 
 
 class TorchTransport(Transport):
-    """A ``torch.distributed`` process group (NCCL on CUDA, gloo on CPU)."""
+    """A ``torch.distributed`` process group (NCCL on CUDA, gloo on CPU).
 
-    def __init__(self, group, ranks: list[int], rank: int, name: str) -> None:
+    On a compact wire each operation works on a compact copy of the buffer:
+    a contribution is rounded into it with error feedback (keyed by the
+    buffer), the library moves and sums the copy, and the result is widened
+    back once the operation completes.
+    """
+
+    def __init__(
+        self, group, ranks: list[int], rank: int, name: str, wire: str = "fp32"
+    ) -> None:
         self.group, self.ranks = group, ranks
         self.size, self.rank, self.name = len(ranks), ranks.index(rank), name
+        self.wire = check_wire(wire)
+        dtype = wire_dtype(wire)
+        self.feedback = None if dtype == torch.float32 else ErrorFeedback(dtype)
+
+    def _run(self, buf: torch.Tensor, kind: str, start) -> Test:
+        """``start(tensor)`` on ``buf``, or on its rounded compact copy."""
+        if self.feedback is None or buf.dtype not in (torch.float32, torch.float64):
+            return start(buf).is_completed
+        wire = torch.empty_like(buf, dtype=self.feedback.dtype)
+        self.feedback.round(buf, wire, (kind, buf.data_ptr(), buf.numel()))
+        work = start(wire)
+
+        def test() -> bool:
+            if not work.is_completed():
+                return False
+            buf.copy_(wire)
+            return True
+
+        return test
 
     def start_allreduce(self, buf, settled=False):
         import torch.distributed as dist
 
-        return dist.all_reduce(buf, group=self.group, async_op=True).is_completed
+        return self._run(
+            buf,
+            "part",
+            lambda t: dist.all_reduce(t, group=self.group, async_op=True),
+        )
 
     def start_reduce(self, buf, root):
         import torch.distributed as dist
 
-        work = dist.reduce(buf, dst=self.ranks[root], group=self.group, async_op=True)
-        return work.is_completed
+        return self._run(
+            buf,
+            "part",
+            lambda t: dist.reduce(
+                t, dst=self.ranks[root], group=self.group, async_op=True
+            ),
+        )
 
     def start_bcast(self, buf, root):
         import torch.distributed as dist
 
-        work = dist.broadcast(
-            buf, src=self.ranks[root], group=self.group, async_op=True
+        return self._run(
+            buf,
+            "bcast",
+            lambda t: dist.broadcast(
+                t, src=self.ranks[root], group=self.group, async_op=True
+            ),
         )
-        return work.is_completed
 
 
 class HorovodTransport(Transport):
@@ -170,6 +229,7 @@ def make_transport(
     world_rank: int,
     handle=None,
     settings: CollectiveSettings | None = None,
+    wire: str = "fp32",
 ) -> Transport:
     """Build the transport of one group.
 
@@ -180,14 +240,21 @@ def make_transport(
         world_rank: This rank in that numbering.
         handle: The ``torch.distributed`` process group or Horovod process set.
         settings: The MPI collectives' thresholds (``"mpi"`` only).
+        wire: The type gradients travel in (``fp32``; ``bf16`` and ``fp16``
+            with ``"mpi"`` and ``"torch"``).
 
     Raises:
-        ValueError: Unknown backend.
+        ValueError: Unknown backend or wire format, or a compact wire with
+            Horovod.
     """
     if backend == "mpi":
-        return MPITransport(comm, settings)
+        return MPITransport(comm, settings, wire)
     if backend == "torch":
-        return TorchTransport(handle, ranks, world_rank, comm.name)
+        return TorchTransport(handle, ranks, world_rank, comm.name, wire)
+    if check_wire(wire) != "fp32" and backend == "horovod":
+        raise ValueError(
+            f"wire {wire!r} needs the mpi or torch all-reduce backend, not horovod"
+        )
     if backend == "horovod":
         return HorovodTransport(handle, ranks, world_rank, comm.name)
     raise ValueError(

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,7 +192,8 @@ def mpiexec_env(
     Jobs on this one machine also skip Open MPI's UCX one-sided component
     (``OMPI_MCA_osc=^ucx``, unless set): without a UCX network it prints a
     misleading "OSC UCX component priority ... failed" line for every window
-    (the shared-memory component serves the windows).
+    (the shared-memory component serves the windows). Open MPI's TCP eager
+    limit is raised (:func:`tcp_eager_env`).
     """
     env = {
         k: v
@@ -203,7 +204,35 @@ def mpiexec_env(
     if oversubscribe:
         env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env.setdefault("OMPI_MCA_osc", "^ucx")
+    env.update(tcp_eager_env(env))
     return env
+
+
+#: Open MPI's TCP eager limit (bytes), raised by :func:`tcp_eager_env`.
+TCP_EAGER_VAR = "OMPI_MCA_btl_tcp_eager_limit"
+
+
+def tcp_eager_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Open MPI's TCP eager limit raised above a parameter-server part, unless set.
+
+    Over TCP a message above the eager limit (64 KiB by default) waits for a
+    rendezvous: the receiver's answer to its first fragment. That answer
+    travels in the same TCP stream as bulk data going the other way, behind
+    everything queued in the socket and the network: a server's reply part
+    waited for one behind the leader's push, so a push and pull of 64 MiB
+    over 1 Gbit/s took 1.16 s, the two directions in turn, and 0.61 s, both
+    at once, when parts go eagerly (bench/RESULTS.md). The limit is
+    ``HYBRIDAGG_PS_PART_BYTES`` plus room for headers; Open MPI forwards the
+    variable to every rank. Shared memory and other MPIs ignore it.
+
+    Args:
+        environ: The environment (default ``os.environ``); a limit it sets wins.
+    """
+    env = os.environ if environ is None else environ
+    if TCP_EAGER_VAR in env:
+        return {}
+    part = envvars.get_int("HYBRIDAGG_PS_PART_BYTES", env) or 4 * 2**20
+    return {TCP_EAGER_VAR: str(part + 64 * 2**10)}
 
 
 def root_consent_env(euid: int | None = None) -> dict[str, str]:

@@ -14,6 +14,8 @@ What is checked against what:
 * a hybrid job (a group per host, the server on a third host) learns the
   digits, and the bytes between hosts went through the host links (the
   kernel's counters on each host's interface);
+* servers beside the workers (a server slot on each host) run there, and a
+  hybrid job with a group and a server per host learns the digits;
 * an all-reduce across two hosts moves at the link's rate (the shaper is
   the bound: no implementation may beat it, the best comes within 10%);
   within a host the bytes never touch the link.
@@ -131,6 +133,41 @@ def test_hybrid_job_with_a_group_per_host_learns_the_digits(cluster, tmp_path):
     # the leaders' pushes and pulls of the model (tens of KiB per step) went
     # through the servers' host link, both ways
     assert moved["ps"][0] > 1 << 20 and moved["ps"][1] > 1 << 20, moved
+    assert job_processes(spec) == []
+
+
+@pytest.mark.parametrize("cluster", ["servers-beside.toml"], indirect=True)
+def test_servers_beside_the_workers_of_each_host(cluster, tmp_path):
+    path, spec = cluster
+    probe = run_on(path, [sys.executable, HERE / "probe_nodes.py"])
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    ranks = [json.loads(x) for x in probe.stdout.splitlines() if x.startswith("{")]
+    # workers 0-3 fill the hosts' worker slots, the last ranks the server slots
+    assert [r["host"] for r in ranks] == ["a", "a", "b", "b", "a", "b"]
+    assert [r["node_size"] for r in ranks] == [3] * 6
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "digits.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    out = tmp_path / "summary.json"
+    before = traffic(spec)
+    result = run_on(
+        path,
+        [
+            sys.executable, "-m", "hybridagg.cli", "train", "--data", data,
+            "--mode", "hybrid", "--groups", "node", "--servers", "2",
+            "--epochs", "6", "--lr", "0.05", "--no-progress",
+            "--target-accuracy", "0.85", "--eval-every", "10", "--summary", out,
+        ],
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    s = json.loads(out.read_text())
+    assert s["groups"] == [[0, 1], [2, 3]] and s["servers"] == 2
+    assert s["final_accuracy"] >= 0.85, s
+    after = traffic(spec)
+    moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in after}
+    # each leader reaches the other host's shard over the links, both ways
+    assert all(sent > 1 << 20 and got > 1 << 20 for sent, got in moved.values()), moved
     assert job_processes(spec) == []
 
 

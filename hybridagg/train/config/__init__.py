@@ -27,6 +27,7 @@ from typing import Any
 
 from .aggregation import (
     ALLREDUCE_BACKENDS,
+    WIRE_FORMATS,
     ExecutionOptions,
     StalenessOptions,
     TopologyOptions,
@@ -48,6 +49,7 @@ __all__ = [
     "CONCERNS",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
+    "WIRE_FORMATS",
     "AdaptiveOptions",
     "CheckpointOptions",
     "DataOptions",

@@ -11,6 +11,7 @@ from .fields import Concern, option
 
 __all__ = [
     "ALLREDUCE_BACKENDS",
+    "WIRE_FORMATS",
     "ExecutionOptions",
     "StalenessOptions",
     "TopologyOptions",
@@ -19,6 +20,10 @@ __all__ = [
 # hybridagg.optimizer.backends.BACKENDS, which imports MPI (tests/test_train_config.py
 # checks that the two agree)
 ALLREDUCE_BACKENDS = ("auto", "mpi", "torch", "horovod")
+
+# hybridagg.comm.wire.WIRE_FORMATS, which imports torch (tests/test_train_config.py
+# checks that the two agree)
+WIRE_FORMATS = ("fp32", "bf16", "fp16")
 
 HOW = "how to aggregate"
 
@@ -107,6 +112,12 @@ class ExecutionOptions(Concern):
     """the all-reduce inside a group: mpi, torch (NCCL on CUDA, gloo on CPU) or
     horovod; auto takes torch for CUDA parameters, else mpi"""
 
+    wire: str = option("fp32", choices=WIRE_FORMATS)
+    """the type gradients and weights travel in, in every mode: fp32, or bf16
+    or fp16 (half the bytes; rounding with error feedback, sums formed in
+    fp32, the servers' fp32 master weights never leave them; fp16 overflows
+    beyond 65504 and the run stops as non-finite)"""
+
     device: str = "cpu"
     """cpu, or cuda: one GPU per node-local rank"""
 
@@ -116,4 +127,9 @@ class ExecutionOptions(Concern):
         if kind not in ("cpu", "cuda") or (colon and not index.isdigit()):
             raise ValueError(
                 f"unknown --device {self.device!r}: use cpu, cuda or cuda:N"
+            )
+        if self.wire != "fp32" and self.allreduce_backend == "horovod":
+            raise ValueError(
+                f"--wire {self.wire} needs --allreduce-backend mpi or torch, "
+                "not horovod"
             )

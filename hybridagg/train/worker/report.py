@@ -84,6 +84,7 @@ def summarize(
         "damping": cfg.damping if cfg.mode != "sync" else None,
         "lookahead": cfg.lookahead and cfg.mode != "sync",
         "lookahead_horizon": cfg.lookahead_horizon,
+        "wire": cfg.wire,
         "seed": cfg.seed,
         "resumed_from": str(resumed_from) if resumed_from else None,
         "run_id": run_id,

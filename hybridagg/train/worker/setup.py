@@ -175,4 +175,5 @@ def make_distributed_optimizer(
         stream_push=cfg.stream_push,
         server_batching=server_batching(cfg, topo),
         fault_tolerant=cfg.survives_group_loss,
+        wire=cfg.wire,
     )
