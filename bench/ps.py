@@ -79,7 +79,7 @@ def _ps_round_trips(
     send = ps.Isend
 
     def counting(buf, dest, tag):  # the gradient parts' sizes, as posted
-        if tag == P.GRAD:
+        if tag >= P.PART_TAG0:  # the gradient parts (each part its own tag)
             posted[0] += buf.numel() * buf.element_size()
         return send(buf, dest, tag)
 

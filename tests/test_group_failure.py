@@ -278,6 +278,68 @@ def test_a_killed_worker_drops_its_group_and_the_other_trains_to_the_end(
     assert any(r["event"] == "eval" and r.get("final") and r["rank"] == 2 for r in recs)
 
 
+MID_PUSH = """
+import json, os, signal, sys, time
+os.environ["HYBRIDAGG_PS_PART_BYTES"] = "8"
+import torch
+import hybridagg
+from hybridagg.ps.client import PSClient
+from hybridagg.ps.compensation import Compensation
+from hybridagg.ps.streaming import bucket_ranges
+
+topo = hybridagg.init(groups="0,1", servers=1)
+if topo.is_server:
+    stats = hybridagg.serve(topo, drop_lost=True)
+    print("SERVER " + json.dumps({"updates": stats.updates_per_leader, "lost": sorted(stats.lost_groups), "version": stats.version}), flush=True)
+    os._exit(0)
+torch.manual_seed(0)
+params = [torch.nn.Parameter(torch.randn(6)), torch.nn.Parameter(torch.randn(3))]
+opt = torch.optim.SGD(params, lr=0.1)
+client = PSClient(topo.comms.leaders.dup("ps"), 2, params, [], opt, Compensation())
+start = client.flat_weights.clone()
+buckets = bucket_ranges([6, 3], [[1], [0]])
+if topo.rank == 1:
+    push = client.stream(buckets, 1.0, [0.1], [0])
+    push.send(0, torch.ones(3))  # the second parameter's parts leave
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(3.0)  # the server drops group 1
+pulled = client.complete(client.pull())
+same = torch.equal(client.flat_weights, start)
+info = client.complete(client.push([torch.ones(6), torch.ones(3)], 1.0, [0.1], pulled["versions"]))
+after = torch.allclose(client.flat_weights, start - 0.1)
+client.done()
+client.receive_final()
+print("LEADER0 " + json.dumps({"pull_unchanged": same, "version_after_pull": pulled["versions"], "push_applied": after}), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_leader_killed_in_the_middle_of_a_streamed_push_leaves_nothing_applied(
+    tmp_path,
+):
+    """Leader 1 sends its push's header and first bucket, then dies."""
+    script = tmp_path / "mid_push.py"
+    script.write_text(MID_PUSH)
+    argv = runner.mpiexec_argv(
+        3, [sys.executable, str(script)], extra=["--with-ft", "ulfm"]
+    )
+    env = {**runner.mpiexec_env(), "HYBRIDAGG_TIMEOUT": "30", "PYTHONPATH": str(ROOT)}
+    result = runner.run_job(argv, timeout=120, env=env)
+    assert not result.timed_out, output(result)[-4000:]
+    found = dict(
+        line.split(" ", 1)
+        for line in result.stdout.splitlines()
+        if line.startswith(("SERVER ", "LEADER0 "))
+    )
+    assert set(found) == {"SERVER", "LEADER0"}, output(result)[-4000:]
+    server, leader = json.loads(found["SERVER"]), json.loads(found["LEADER0"])
+    # group 1 dropped, its push neither counted nor applied; group 0 goes on
+    assert server == {"updates": [1, 0], "lost": [1], "version": 1}, server
+    assert leader["pull_unchanged"] and leader["version_after_pull"] == [0]
+    assert leader["push_applied"], leader
+
+
 def test_a_killed_leader_drops_its_group(digits, tmp_path):
     result = run_ft(5, train_args(digits, tmp_path, *HYBRID_ARGS), fault="kill:10:2")
     st = statuses(result)

@@ -331,6 +331,42 @@ def test_a_leader_does_not_push_a_non_finite_gradient():
 
 
 @pytest.mark.mpi(ranks=2, timeout=120)
+def test_a_streamed_push_is_cut_short_at_its_first_non_finite_bucket(monkeypatch):
+    """The bias's bucket is final (and pushed) first; the weight's is NaN."""
+    import hybridagg
+
+    monkeypatch.setenv("HYBRIDAGG_PS_PART_BYTES", "8")  # the bias alone in a part
+    topo = hybridagg.init(groups="0", servers=1)
+    if topo.is_server:
+        stats = hybridagg.serve(topo)
+        assert stats.nonfinite == 0  # told by the leader's DONE
+        return
+    model = torch.nn.Linear(4, 2)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+        model=model,
+        bucket_mb=4 / 2**20,  # one bucket per parameter
+        stream_push=True,
+    )
+    weight, bias = (p.detach().clone() for p in model.parameters())
+    x = torch.ones(3, 4)
+    x[0, 0] = float("nan")  # the weight's gradient; the bias's stays finite
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    assert opt.should_stop
+    assert "its push was cut short after 1 parts" in opt.nonfinite, opt.nonfinite
+    opt.finish()
+    # the servers' final weights: the bias's part applied, nothing after it
+    assert torch.equal(model.weight.detach(), weight)
+    # (the bias's gradient: 3 samples' summed outputs)
+    torch.testing.assert_close(model.bias.detach(), bias - 0.1 * 3)
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
 def test_sync_skips_the_update_on_every_rank():
     import hybridagg
 

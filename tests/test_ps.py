@@ -193,6 +193,104 @@ def test_hybrid_with_one_group_reproduces_sync(mpi_ranks, kind, servers):
     exactness(kind, servers)
 
 
+def streamed_or_not(topo, stream, steps=4, wire="fp32"):
+    """A few SGD-with-momentum steps of one group; returns (weights, parts sent early)."""
+    import hybridagg
+
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return None, 0
+    n, rank = topo.num_workers, topo.rank
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)
+    )
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        model.named_parameters(),
+        topo,
+        mode="hybrid",
+        bucket_mb=100 / 2**20,  # several buckets, parts across their bounds
+        stream_push=stream,
+        wire=wire,
+    )
+    streamed = opt._exchange.buckets is not None
+    assert streamed == (stream and topo.is_leader)
+    early = 0
+    if streamed:  # count the parts sent before synchronize()
+        sent = opt._exchange.bucket_final
+
+        def counting(*args):
+            nonlocal early
+            before = opt._exchange.streaming
+            before = 0 if before is None else before.sent
+            sent(*args)
+            early += opt._exchange.streaming.sent - before
+
+        opt._exchange.bucket_final = counting
+    g = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        sizes = torch.randint(1, 5, (n,), generator=g)
+        x = torch.randn(int(sizes.sum()), 6, generator=g)
+        y = torch.randn(int(sizes.sum()), 3, generator=g)
+        lo = int(sizes[:rank].sum())
+        mine = slice(lo, lo + int(sizes[rank]))
+        opt.set_samples(int(sizes[rank]))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        opt.step()
+    opt.finish()
+    return [p.detach().clone() for p in model.parameters()], early
+
+
+@pytest.mark.mpi(ranks=[3, 4], timeout=180)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_streamed_push_equals_an_unstreamed_one(mpi_ranks, servers, monkeypatch):
+    """Bit for bit: the same divisions by the same totals, only sent earlier."""
+    import hybridagg
+
+    # parts of 5 floats: several per bucket, some across two buckets
+    monkeypatch.setenv("HYBRIDAGG_PS_PART_BYTES", "20")
+    topo = hybridagg.init(groups="world", servers=servers)
+    plain, _ = streamed_or_not(topo, stream=False)
+    streamed, early = streamed_or_not(topo, stream=True)
+    if topo.is_server:
+        return
+    for a, b in zip(plain, streamed, strict=True):
+        assert torch.equal(a, b)
+    if topo.is_leader and topo.num_workers == 1:
+        # a group of one pushes its buckets as backward fills them
+        assert early > 0
+
+
+@pytest.mark.mpi(ranks=[3, 4], timeout=240)
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_streamed_push_on_bf16_equals_an_unstreamed_one(
+    mpi_ranks, servers, monkeypatch
+):
+    """Bit for bit on a compact wire: each part is rounded as its bucket
+    becomes final, from bucket memory, with the residual an unstreamed push
+    keeps for the same part; the server widens the same bits."""
+    import hybridagg
+
+    monkeypatch.setenv("HYBRIDAGG_PS_PART_BYTES", "20")
+    topo = hybridagg.init(groups="world", servers=servers)
+    exact, _ = streamed_or_not(topo, stream=False)
+    plain, _ = streamed_or_not(topo, stream=False, wire="bf16")
+    streamed, early = streamed_or_not(topo, stream=True, wire="bf16")
+    if topo.is_server:
+        return
+    for a, b in zip(plain, streamed, strict=True):
+        assert torch.equal(a, b)
+    # the wire was used: bf16 replies (with residuals carried) moved the
+    # weights elsewhere than the float32 run did
+    assert any(not torch.equal(a, b) for a, b in zip(exact, plain, strict=True))
+    if topo.is_leader and topo.num_workers == 1:
+        assert early > 0
+
+
 def least_squares_run(
     mode,
     groups,

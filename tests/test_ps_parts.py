@@ -345,3 +345,39 @@ def test_flat_copies_keep_model_order_and_zero_missing_gradients():
     out = [torch.zeros(2, 2, requires_grad=True), torch.zeros(3)]
     unflatten_from(torch.arange(7.0), out)
     assert out[0].tolist() == [[0, 1], [2, 3]] and out[1].tolist() == [4, 5, 6]
+
+
+def test_a_streamed_push_sends_every_part_once_from_the_bucket_that_completes_it():
+    from hybridagg.ps.shards import part_ranges, shard_ranges
+    from hybridagg.ps.streaming import bucket_ranges, plan_stream
+
+    numels = [5, 3, 7, 2, 6]  # 23 elements
+    # buckets in the reducer's order: the last parameters first
+    buckets = bucket_ranges(numels, [[4, 3], [2], [0, 1]])
+    assert buckets == [(15, 23), (8, 15), (0, 8)]
+    parts = [
+        [(lo + a, lo + b) for a, b in part_ranges(hi - lo, 3)]
+        for lo, hi in shard_ranges(23, 2)
+    ]
+    plan = plan_stream(parts, buckets)
+    planned = sorted((p.server, p.index) for row in plan for p in row)
+    assert planned == sorted(
+        (s, i) for s, row in enumerate(parts) for i in range(len(row))
+    )
+    for b, row in enumerate(plan):
+        # within a bucket, backward order: the last parameters first
+        assert [p.lo for p in row] == sorted((p.lo for p in row), reverse=True)
+        for p in row:
+            touched = [
+                k for k, (lo, hi) in enumerate(buckets) if lo < p.hi and p.lo < hi
+            ]
+            assert b == max(touched)  # sent once every bucket it covers is final
+            assert p.direct == (len(touched) == 1)
+            # the pieces, read from the buckets in model order, are the part
+            flat = [buckets[k][0] + i for k, a, z in p.pieces for i in range(a, z)]
+            assert flat == list(range(p.lo, p.hi))
+    assert any(not p.direct for row in plan for p in row)
+    with pytest.raises(ValueError, match="not a contiguous run"):
+        bucket_ranges(numels, [[4, 2], [3], [0, 1]])
+    with pytest.raises(ValueError, match="not covered"):
+        plan_stream(parts, buckets[:2])

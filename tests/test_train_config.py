@@ -62,6 +62,7 @@ FLAGS = [
     "--slowdown",
     "--staleness-bound",
     "--steps",
+    "--stream-push",
     "--summary",
     "--target-accuracy",
     "--warmup-updates",

@@ -250,7 +250,7 @@ def test_ps_push_and_pull_carry_half_the_bytes():
     def counting(buf, dest, tag):
         from hybridagg.ps import protocol as P
 
-        if tag == P.GRAD:
+        if tag >= P.PART_TAG0:  # (a leader sends only gradient parts on these)
             posted.append(buf.numel() * buf.element_size())
         return original(buf, dest, tag)
 
@@ -330,9 +330,11 @@ def test_an_fp16_overflow_stops_sync_like_any_non_finite_gradient():
 
 
 @pytest.mark.mpi(ranks=2, timeout=120)
-def test_an_fp16_overflow_in_a_push_halts_the_server():
+@pytest.mark.parametrize("stream_push", [False, True], ids=["whole", "streamed"])
+def test_an_fp16_overflow_in_a_push_halts_the_server(stream_push):
     """One worker and one server: the group's gradient is finite, its fp16
-    push is not; the server's check of the widened part halts it."""
+    push is not (streamed: each part rounded as its bucket becomes final);
+    the server's check of the widened part halts it."""
     import hybridagg
 
     topo = hybridagg.init(servers=1)
@@ -348,7 +350,9 @@ def test_an_fp16_overflow_in_a_push_halts_the_server():
         topo,
         mode="async",
         wire="fp16",
+        stream_push=stream_push,
     )
+    assert (opt._exchange.buckets is not None) == stream_push
     # the reply to the overflowing push may leave before its bad part
     # arrives; the next reply carries the stop and its reason
     for scale in (1.0, 1e6, 1.0, 1.0):
@@ -380,8 +384,11 @@ def digits(tmp_path_factory):
     [
         (2, ["--mode", "sync"]),
         (4, ["--mode", "hybrid", "--groups", "0-1,2"]),  # a group of two, one alone
+        # streamed pushes of two groups, the second landing in its own
+        # compact buffer on the server
+        (4, ["--mode", "hybrid", "--groups", "0-1,2", "--stream-push"]),
     ],
-    ids=["sync", "hybrid"],
+    ids=["sync", "hybrid", "hybrid-streamed"],
 )
 def test_bf16_learns_the_digits_as_well_as_fp32(digits, tmp_path, nranks, mode):
     from train_helpers import output, run_train, summary

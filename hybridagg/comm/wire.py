@@ -171,7 +171,23 @@ class WireCodec:
 
     def encode(self, flat: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """Part ``[lo, hi)`` of ``flat`` ready to send (rounded, as bits)."""
-        src = flat[lo:hi]
+        return self.encode_part(flat[lo:hi], lo, hi)
+
+    def encode_part(self, src: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Part ``[lo, hi)`` of the vector ready to send, its values in ``src``.
+
+        For a sender whose values do not lie in one flat vector (a leader's
+        streamed push sends each part from the memory of the bucket that
+        holds it): the rounding and its residual are those of
+        :meth:`encode` on the same part.
+
+        Raises:
+            ValueError: ``src`` does not have ``hi - lo`` elements.
+        """
+        if src.numel() != hi - lo:
+            raise ValueError(
+                f"part [{lo}, {hi}) has {hi - lo} elements, its values {src.numel()}"
+            )
         if not self.compact:
             return src
         out = self.buffer[lo:hi]

@@ -65,6 +65,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             :attr:`should_stop` turns true on every worker.
         overlap: Hybrid/async: overlap the leader's exchange with the
             group's next step (each update then at least one version stale).
+        stream_push: Hybrid/async: the leader streams its push bucket by
+            bucket as the group's reduction completes, and the servers
+            update and return each part as it arrives (not with
+            ``overlap``, nor for parameters off the CPU; off by default:
+            on a CPU-bound node the work it moves into backward slowed
+            compute as much as it saved, bench/RESULTS.md).
         server_batching: Hybrid/async: server 0 sizes each group's batch
             from the times leaders :meth:`report` (OmniLearn's controller,
             :mod:`hybridagg.batching`); the advice arrives as
@@ -119,6 +125,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         staleness_bound: int | None = None,
         max_updates: int | None = None,
         overlap: bool = False,
+        stream_push: bool = False,
         server_batching: dict | None = None,
         fault_tolerant: bool = False,
         wire: str = "fp32",
@@ -203,6 +210,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             hierarchical=hierarchical,
             bucket_bytes=int(bucket_mb * 2**20),
             settings=settings,
+            early_total=self._early_total(named),
         )
         self._buffers = [
             b for b in (model.buffers() if model else []) if b.is_floating_point()
@@ -226,6 +234,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _apply(self, total: float) -> None:
         """Update the weights from the reduced gradients of ``total`` samples."""
         raise NotImplementedError
+
+    def _early_total(self, named: list) -> bool:
+        """Whether the reducer learns the total early and finalizes buckets as
+        they complete (a leader streams them to the servers)."""
+        return False
 
     # --- wiring --------------------------------------------------------------
     def _setup_optimizer_attrs(self, optimizer: torch.optim.Optimizer) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from ..comm import Comm
-from ..ps.exchange import ExchangeOptions, GroupExchange, group_name
+from ..ps.exchange import ExchangeOptions, GroupExchange, group_name, streams
 from ..ps.protocol import FLAG_STOP
+from ..ps.streaming import bucket_ranges
 from ..topology import Topology
 from .base import DistributedOptimizer
 
@@ -31,11 +32,15 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
         staleness_bound: int | None = None,
         max_updates: int | None = None,
         overlap: bool = False,
+        stream_push: bool = False,
         server_batching: dict | None = None,
         **kwargs,
     ) -> None:
         _check_positive("staleness_bound", staleness_bound, low=0)
         _check_positive("max_updates", max_updates, low=1)
+        if not isinstance(stream_push, bool):
+            raise TypeError(f"stream_push must be a bool, got {stream_push!r}")
+        self._stream_wanted = stream_push and not overlap
         super().__init__(optimizer, named_parameters, topology, **kwargs)
         self._exchange = GroupExchange(
             self.topology,
@@ -47,10 +52,34 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
                 staleness_bound=staleness_bound,
                 max_updates=max_updates,
                 overlap=overlap,
+                stream=self._reducer.early_total,
                 batching=server_batching,
                 wire=self.wire,
             ),
         )
+        if self._reducer.early_total and self.topology.is_leader:
+            reducer = self._reducer
+            self._exchange.buckets = bucket_ranges(
+                [p.numel() for p in reducer.params],
+                [b.params for b in reducer.buckets],
+            )
+            reducer.on_final = self._bucket_final
+
+    def _early_total(self, named: list) -> bool:
+        # (the same on every rank of the group: its settings and devices)
+        return streams(
+            self._stream_wanted,
+            overlap=False,
+            on_cpu=all(p.device.type == "cpu" for _, p in named),
+        )
+
+    def _bucket_final(self, bucket) -> None:
+        """The reducer finished a bucket before ``synchronize()``: push its parts."""
+        if self._halted is None:
+            lrs = [group["lr"] for group in self.param_groups]
+            self._exchange.bucket_final(
+                bucket.index, bucket.flat, self._reducer.known_total, lrs
+            )
 
     def _scope(self, topo: Topology) -> Comm:
         return topo.comms.group
@@ -65,11 +94,20 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
     @property
     def nonfinite(self) -> str | None:
         if self._halted is not None:
+            sent = self._exchange.cut_after
+            if sent:
+                return (
+                    f"{self._halted}; its push was cut short after {sent} parts "
+                    "(the servers applied those, and nothing after them)"
+                )
             return f"{self._halted}; nothing was pushed"
         return self._exchange.halted_by_servers
 
     def _apply(self, total: float) -> None:
-        grads = [p.grad for p in self._reducer.params]
+        if self._exchange.buckets is not None:  # streamed: from the buckets
+            grads = [b.flat for b in self._reducer.buckets]
+        else:
+            grads = [p.grad for p in self._reducer.params]
         lrs = [group["lr"] for group in self.param_groups]
         self._exchange.step(grads, total, lrs)
         self.updates = self._exchange.updates

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..comm import Comm, WireCodec, alloc
 from ..runtime import envvars
@@ -14,6 +15,7 @@ from .compensation import Compensation
 from .flat import flatten_into, unflatten_from
 from .shards import part_ranges, shard_ranges
 from .spec import server_specs
+from .streaming import StreamedPush, plan_stream
 
 __all__ = ["PSClient", "RoundTrip"]
 
@@ -105,12 +107,21 @@ class PSClient:
             [(lo + a, lo + b) for a, b in part_ranges(hi - lo, self.part_elems)]
             for lo, hi in self.ranges
         ]
+        most = max(len(p) for p in self.parts)
+        tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
+        if tag_ub is not None and P.part_tag(most) > tag_ub:
+            raise ValueError(
+                f"{most} parts per server need tags above this MPI's limit "
+                f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
+            )
         dtype = params[0].dtype
         self.flat_weights = alloc(total, dtype, zero=False)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
-        self.flat_grad = alloc(total, dtype)
-        # what the gradient is pushed in (rounded, with error feedback) and
-        # the weights are received in
+        self._flat_grad: torch.Tensor | None = None  # (only unstreamed pushes)
+        self._plan: list | None = None
+        # what the gradient is pushed in (rounded, with error feedback; a
+        # streamed push rounds each part from bucket memory with the same
+        # residual as an unstreamed one) and the weights are received in
         self.grad_wire = WireCodec(wire, total, feedback=True)
         self.weights_wire = WireCodec(wire, total, feedback=False)
         nbuf = sum(b.numel() for b in buffers)
@@ -137,6 +148,14 @@ class PSClient:
             ]
             ps.wait([req for req, _ in pending], "parameter-server start-up")
 
+    @property
+    def flat_grad(self) -> torch.Tensor:
+        """The flat gradient an unstreamed push is sent from (allocated at first use)."""
+        if self._flat_grad is None:
+            total = sum(p.numel() for p in self.params)
+            self._flat_grad = alloc(total, self.params[0].dtype)
+        return self._flat_grad
+
     def _server(self, s: int) -> int:
         return P.server_rank(self.num_groups, s)
 
@@ -149,9 +168,9 @@ class PSClient:
         for s in range(self.num_servers):
             head = np.zeros(P.REPLY_LEN, dtype=np.float64)
             reqs.append(self.ps.Irecv(head, self._server(s), P.REPLY_HDR))
-            for lo, hi in self.parts[s]:
+            for i, (lo, hi) in enumerate(self.parts[s]):
                 into = self.weights_wire.landing(self.flat_weights, lo, hi)
-                reqs.append(self.ps.Irecv(into, self._server(s), P.REPLY_W))
+                reqs.append(self.ps.Irecv(into, self._server(s), P.part_tag(i)))
             replies.append(head)
         if self.flat_buffers is not None:
             reqs.append(self.ps.Irecv(self.flat_buffers, self._server(0), P.REPLY_BUF))
@@ -201,14 +220,70 @@ class PSClient:
             ).encode(self.request_len)
             keep.append(head)
             reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
-            for lo, hi in self.parts[s]:
+            for i, (lo, hi) in enumerate(self.parts[s]):
                 part = self.grad_wire.encode(self.flat_grad, lo, hi)
-                reqs.append(self.ps.Isend(part, self._server(s), P.GRAD))
+                reqs.append(self.ps.Isend(part, self._server(s), P.part_tag(i)))
         if self.flat_buffers is not None:
             packed = self._pack_buffers()
             keep.append(packed)
             reqs.append(self.ps.Isend(packed, self._server(0), P.BUF))
         return RoundTrip(reqs, replies, keep)
+
+    def stream(
+        self,
+        buckets: list[tuple[int, int]],
+        samples: float,
+        lrs: list[float],
+        versions: list[int],
+        *,
+        flags: int = 0,
+        seconds_per_sample: float = 0.0,
+    ) -> StreamedPush:
+        """Begin a push streamed bucket by bucket (:mod:`hybridagg.ps.streaming`).
+
+        Posts the receives of the reply and the request header to every
+        server; the caller then hands each final bucket to
+        :meth:`StreamedPush.send` and ends with :meth:`end_stream`.
+
+        Args:
+            buckets: Each bucket's range of the flat model, in the order the
+                buckets become final (the same on every push).
+            samples: The group's samples in this update.
+            lrs: Current ``lr`` of each of the user's parameter groups.
+            versions: Per shard, the version the gradient was computed from.
+            flags: :data:`~hybridagg.ps.protocol.FLAG_STOP` to stop every group.
+            seconds_per_sample: The group's compute time per sample.
+        """
+        if self._plan is None or self._plan[0] != buckets:
+            self._plan = (list(buckets), plan_stream(self.parts, list(buckets)))
+        reqs, replies = self._post_replies()
+        keep = []
+        for s in range(self.num_servers):
+            head = P.Request(
+                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
+            ).encode(self.request_len)
+            keep.append(head)
+            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
+        servers = [self._server(s) for s in range(self.num_servers)]
+        push = StreamedPush(
+            self.ps, servers, self._plan[1], reqs, keep, codec=self.grad_wire
+        )
+        push.replies = replies
+        return push
+
+    def end_stream(self, push: StreamedPush, cut: bool = False) -> RoundTrip:
+        """Send what is left of a streamed push (``cut``: nothing more is applied).
+
+        Without ``cut`` every bucket must have been sent; with it, the parts
+        not sent go with length 0 and the servers apply none of them.
+        """
+        if cut:
+            push.cut()
+        elif not push.sent_all:
+            raise ValueError(f"the push ended before bucket {push.next} was sent")
+        buffers = self._pack_buffers() if self.flat_buffers is not None else None
+        reqs = push.finish(buffers, cut=cut)
+        return RoundTrip(reqs, push.replies, push.keep)
 
     def pull(self) -> RoundTrip:
         """Post a pull of the current weights without an update."""

@@ -2,7 +2,9 @@
 
 The leader pushes the group gradient to the servers and pulls fresh weights
 (:class:`~hybridagg.ps.client.PSClient`), then broadcasts them in its group
-with a small header (:mod:`hybridagg.ps.groupweights`). With
+with a small header (:mod:`hybridagg.ps.groupweights`). Streamed
+(``stream=True``), the push leaves bucket by bucket while the group's
+reduction completes (:mod:`hybridagg.ps.streaming`). With
 ``overlap=True`` the leader posts the exchange and lets the group compute
 the next step on the weights it has; the reply is applied one step later,
 so each gradient is at least one version stale (counted as staleness).
@@ -14,12 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..comm import all_finite
 from ..topology import Topology
 from .client import PSClient, RoundTrip
 from .compensation import Compensation
 from .groupweights import GroupHeader, GroupWeights
+from .streaming import StreamedPush
 
-__all__ = ["ExchangeOptions", "GroupExchange", "group_name"]
+__all__ = ["ExchangeOptions", "GroupExchange", "group_name", "streams"]
 
 
 def group_name(topology: Topology, g: int) -> str:
@@ -40,6 +44,11 @@ class ExchangeOptions:
         staleness_bound: SSP bound in a group's own updates (``None``: none).
         max_updates: Server version after which every group is told to stop.
         overlap: Overlap a leader's exchange with the group's next step.
+        stream: Stream the leader's push bucket by bucket as the group's
+            reduction completes (:mod:`hybridagg.ps.streaming`); the caller
+            hands each final bucket to :meth:`GroupExchange.bucket_final`.
+            Not with ``overlap``, whose push already runs during the next
+            step (:func:`streams`).
         batching: Server-side adaptive batching options (see
             :class:`~hybridagg.ps.client.PSClient`).
         wire: The type pushed gradients and pulled weights travel in.
@@ -49,8 +58,21 @@ class ExchangeOptions:
     staleness_bound: int | None = None
     max_updates: int | None = None
     overlap: bool = False
+    stream: bool = False
     batching: dict | None = None
     wire: str = "fp32"
+
+
+def streams(stream: bool, overlap: bool, on_cpu: bool) -> bool:
+    """Whether a leader streams its push bucket by bucket.
+
+    Not with ``overlap``: its push is posted at the end of a step and
+    completed during the next, whose backward rewrites the buckets, so it is
+    sent from a copy; and streaming it would put two pushes of one leader in
+    flight. Not for parameters off the CPU: the buckets would be sent from
+    device memory, which needs a CUDA-aware MPI.
+    """
+    return stream and not overlap and on_cpu
 
 
 class GroupExchange:
@@ -131,6 +153,68 @@ class GroupExchange:
         self.nonfinite_group: int | None = None
         self.nonfinite_version = 0
         self.halted_here = False  # this group found its own NaN or infinity
+        self.buckets: list[tuple[int, int]] | None = None
+        """Streaming: each bucket's range of the flat model (set by the caller)."""
+        self.streaming: StreamedPush | None = None
+        self._refused = False  # this step's first final bucket was not finite
+        self.cut_after: int | None = None
+        """Parts of this group's last push sent before it was cut short."""
+
+    # --- leader: streaming ---------------------------------------------------
+    def bucket_final(
+        self, index: int, flat: torch.Tensor, samples: float, lrs: list[float]
+    ) -> None:
+        """Leader, streaming: bucket ``index`` is final; push what it completes.
+
+        The first final bucket of a step starts the push (the header goes to
+        every server). A bucket that is not finite sends nothing: the push is
+        cut short when the step ends (the group's own check then halts it),
+        and if it was the step's first, nothing is pushed at all.
+
+        Args:
+            index: The bucket's index (buckets become final in index order).
+            flat: Its memory, divided by the group's total.
+            samples: The group's samples in this update.
+            lrs: Current ``lr`` of each of the user's parameter groups.
+        """
+        if self._refused or samples <= 0 or self.nonfinite_group is not None:
+            return
+        finite = all_finite([flat])
+        if self.streaming is None:
+            if not finite:
+                self._refused = True
+                return
+            self.streaming = self._begin(samples, lrs)
+        if finite and self.streaming.next == index:
+            self.streaming.send(index, flat)
+
+    def _begin(self, samples: float, lrs: list[float]) -> StreamedPush:
+        return self.client.stream(
+            self.buckets,
+            samples,
+            lrs,
+            self.model_versions,
+            flags=self.stop_flags,
+            seconds_per_sample=self.seconds_per_sample,
+        )
+
+    def _stream_step(self, flats: list[torch.Tensor], samples: float, lrs) -> None:
+        """End the step's streamed push: the buckets not sent yet, then the reply."""
+        if self.streaming is None:
+            self.streaming = self._begin(samples, lrs)
+        push, self.streaming = self.streaming, None
+        for b in range(push.next, len(flats)):
+            push.send(b, flats[b])
+        self._take_reply(self.client.complete(self.client.end_stream(push)))
+
+    def _cut_stream(self) -> None:
+        """Cut the step's streamed push short; its reply is not taken."""
+        self._refused = False
+        if self.streaming is None:
+            return
+        push, self.streaming = self.streaming, None
+        self.cut_after = push.sent
+        self.client.complete(self.client.end_stream(push, cut=True))
 
     # --- leader ------------------------------------------------------------
     def _leader_step(self, grads, samples: float, lrs: list[float]) -> bool:
@@ -143,8 +227,11 @@ class GroupExchange:
                 self._finish_pending()
             if samples > 0:
                 self.pending = self._push(grads, samples, lrs, computed_on)
+        elif samples > 0 and self.buckets is not None:
+            self._stream_step(grads, samples, lrs)
         elif samples > 0:
             self._take_reply(self.client.complete(self._push(grads, samples, lrs)))
+        self._refused = False
         new, self.unsent = self.unsent, False
         return new
 
@@ -180,7 +267,13 @@ class GroupExchange:
 
     # --- everyone ------------------------------------------------------------
     def step(self, grads, samples: float, lrs: list[float]) -> None:
-        """After the group reduction: exchange (leader) and share the weights."""
+        """After the group reduction: exchange (leader) and share the weights.
+
+        Args:
+            grads: Each parameter's gradient; streaming: each bucket's memory.
+            samples: The group's samples in this update.
+            lrs: Current ``lr`` of each of the user's parameter groups.
+        """
         new = self._leader_step(grads, samples, lrs) if self.is_leader else False
         if self.group is None:
             return
@@ -222,6 +315,8 @@ class GroupExchange:
         if self.nonfinite_group is None:
             self.nonfinite_group = self.topology.group
             self.nonfinite_version = self.version
+        if self.is_leader:
+            self._cut_stream()
 
     @property
     def halted_by_servers(self) -> str | None:
@@ -338,6 +433,7 @@ class GroupExchange:
         """
         if not self.is_leader:
             return None
+        self._cut_stream()
         if self.pending is not None:
             self._finish_pending()
         self.client.done(nonfinite=self.nonfinite_group)
@@ -366,6 +462,7 @@ class GroupExchange:
         """
         if not self.is_leader:
             return
+        self._cut_stream()
         if self.pending is not None:
             self.client.complete(self.pending)
             self.pending = None

@@ -1,10 +1,16 @@
 """A server's handling of the leaders' requests: push, pull, checkpoint, done.
 
-A push arrives as a header, then the gradient shard in parts, and to server
-0 the group's buffers. The server scales each group's forwarded ``lr`` by
-the compensation and, for each part, as soon as it has arrived, applies the
-user's optimizer to it and sends the updated part back, so receiving,
-updating and replying overlap.
+A push arrives as a header, then the gradient shard in parts (each with its
+own tag, in any order: a streamed push sends them in backward order as the
+group's reduction completes), and to server 0 the group's buffers. The
+header posts every receive; the server loop then applies each part as it
+arrives (:meth:`RequestHandler.advance`), scaling the group's forwarded
+``lr`` by the compensation, and sends the updated part back, while it goes
+on serving the other leaders (pushes of several groups may be in flight).
+A part of length 0 is not applied: the leader cut its push short there.
+On a compact wire (``bf16``, ``fp16``) parts land in the wire's type (each
+group after the first in a compact buffer of its own) and are widened to
+float32 just before they are checked and applied.
 
 Non-finite values: each part of a pushed gradient (and the buffers) is
 checked before it is applied. A NaN or an infinity, or a leader's ``DONE``
@@ -27,12 +33,13 @@ that dies in the middle of one leaves no half-applied gradient.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import Comm, all_finite
+from ..comm import Comm, CommTimeoutError, WireCodec, all_finite, alloc
 from . import protocol as P
 from .advice import BatchAdvisor
 from .checkpoints import CheckpointCoordinator
@@ -47,6 +54,70 @@ __all__ = ["RequestHandler"]
 
 # apply times kept for the statistics: enough for medians, bounded memory
 _MAX_APPLY_TIMES = 10_000
+
+
+@dataclass(frozen=True)
+class _Landing:
+    """Where one group's pushed gradient lands, and the float32 it is applied from.
+
+    Parts are received in the wire's type (:meth:`receive_into`) and widened
+    into ``flat`` (:meth:`widen`) just before they are checked and applied;
+    on the float32 wire they land in ``flat`` itself.
+    """
+
+    codec: WireCodec
+    flat: torch.Tensor
+    """The whole shard's float32 gradient, as the optimizer reads it."""
+
+    def receive_into(self, a: int, b: int) -> torch.Tensor:
+        """The memory part ``[a, b)`` of the shard is received into."""
+        return self.codec.landing(self.flat, a, b)
+
+    def widen(self, a: int, b: int) -> torch.Tensor:
+        """Part ``[a, b)`` in float32, once it has arrived (``flat[a:b]``)."""
+        self.codec.decode(self.flat, a, b)
+        return self.flat[a:b]
+
+
+@dataclass
+class _Push:
+    """A push in flight on a server: its receives and what is left to do."""
+
+    g: int
+    request: P.Request
+    landing: _Landing
+    """Where the gradient lands (the whole shard)."""
+    parts: list[MPI.Request]
+    incoming: torch.Tensor | None
+    """Server 0: the group's buffers."""
+    buffers: MPI.Request
+    replies: list[MPI.Request] = field(default_factory=list)
+    begun: bool = False
+    """Counted as an update (``drop_lost``: only once whole)."""
+    staleness: int = 0
+    scale: float = 1.0
+    hold: bool = False
+    """The staleness bound holds its reply."""
+    waiting: list[int] = field(default_factory=list)
+    """Parts not arrived yet."""
+    ready: list[int] = field(default_factory=list)
+    """Parts arrived and not applied yet (``drop_lost``: until all are in)."""
+    applied: float = 0.0
+    """Seconds in the optimizer."""
+    last: float = field(default_factory=time.perf_counter)
+    """When a part last arrived (or the push began)."""
+    empty: set[int] = field(default_factory=set)
+    """Parts that came with length 0: the leader cut its push short there
+    (its group's gradient was not finite); they are not applied."""
+    cut: bool = False
+    """The buffers came with length 0 (the push was cut short)."""
+
+    def __post_init__(self) -> None:
+        self.waiting = list(range(len(self.parts)))
+
+    @property
+    def lrs(self) -> list[float]:
+        return list(self.request.lrs)
 
 
 class RequestHandler:
@@ -103,6 +174,9 @@ class RequestHandler:
         self.apply_seconds = 0.0
         self.apply_times: list[float] = []
         self.nonfinite: int | None = None
+        self.pushes: dict[int, _Push] = {}
+        """The pushes in flight, by group."""
+        self.landings: dict[int, _Landing] = {}
         groups = book.num_groups
         self.headers = [np.zeros(request_len, dtype=np.float64) for _ in range(groups)]
         self.inbox = [MPI.REQUEST_NULL] * groups
@@ -143,6 +217,10 @@ class RequestHandler:
     def drop(self, g: int, dead_rank: int) -> None:
         """Drop group ``g``: nothing more is received from or sent to it."""
         self.inbox[g] = MPI.REQUEST_NULL
+        push = self.pushes.pop(g, None)
+        if push is not None:  # nothing of it was applied (whole before applied)
+            for req in [*push.parts, push.buffers]:
+                _forget(req)
         self.replies.drop(g)
         if self.book.drop(g, time.perf_counter(), dead_rank):
             self.schedule.paused.pop(g, None)
@@ -185,75 +263,179 @@ class RequestHandler:
 
     # --- pushes ----------------------------------------------------------------
     def push(self, g: int, request: P.Request) -> None:
-        """Apply leader ``g``'s gradient part by part, replying with each part."""
+        """Start leader ``g``'s push: count it, post the receive of every part.
+
+        The parts are then applied by :meth:`advance`, each as it arrives,
+        while the server goes on answering the other leaders (a pipelined
+        push's parts follow its header over the whole backward pass).
+        """
         ps, store = self.ps, self.store
+        if g in self.pushes:
+            raise RuntimeError(
+                f"server {self.server}: leader {g} pushed again before its push ended"
+            )
         if request.flags & P.FLAG_STOP and self.server == 0:
             self.stop()
-        version = store.version
         if self.advisor is not None:
             self.advisor.observe(
-                g, request.seconds_per_sample, request.samples, version
+                g, request.seconds_per_sample, request.samples, store.version
             )
-        staleness = version - request.arg
-        scale = self.compensation.scale(request.samples, version, staleness)
-        lrs = list(request.lrs)
-        self.lookahead.observe(g, staleness, lrs, request.samples, version)
-        grads = [
-            ps.Irecv(store.grad_wire.landing(store.grad, a, b), g, P.GRAD)
-            for a, b in store.parts
+        landing = self._landing(g)
+        parts = [
+            ps.Irecv(landing.receive_into(a, b), g, P.part_tag(i))
+            for i, (a, b) in enumerate(store.parts)
         ]
-        incoming = None
+        incoming, buffers = None, MPI.REQUEST_NULL
         if store.buffers is not None:
             incoming = torch.empty_like(store.buffers)
-            grads.append(ps.Irecv(incoming, g, P.BUF))
-        if self.drop_lost:
-            # whole before applied: a leader that dies mid-push leaves nothing
-            try:
-                ps.wait(list(grads), f"gradient from leader {g}")
-            except MPI.Exception as exc:
-                self._lost(g, exc)
+            buffers = ps.Irecv(incoming, g, P.BUF)
+        self.pushes[g] = push = _Push(g, request, landing, parts, incoming, buffers)
+        if not self.drop_lost:  # (else once the push is whole)
+            self._begin(push)
+        self._advance(self.pushes[g])
+
+    def _begin(self, push: _Push) -> None:
+        """Count ``push`` as an update and send its reply header (unless held)."""
+        g, request, store = push.g, push.request, self.store
+        version = store.version
+        push.staleness = staleness = version - request.arg
+        push.scale = scale = self.compensation.scale(
+            request.samples, version, staleness
+        )
+        self.lookahead.observe(g, staleness, push.lrs, request.samples, version)
         self.replies.before_update()
         store.version += 1
         self.book.record(g, staleness)
         if self.server == 0 and self.schedule.request_due(store.version):
             self.release_held(everyone=True)
-        hold = self.nonfinite is None and self.book.too_far_ahead(
+        push.hold = self.nonfinite is None and self.book.too_far_ahead(
             g, self.schedule.pending
         )
-        reqs = (
-            [] if hold else [self.replies.header(g, self._reply(g, staleness, scale))]
-        )
-        applied = 0.0
-        for i in range(len(store.parts)):
-            ps.wait_for(grads[i].Test, f"gradient part {i} from leader {g}")
-            t0 = time.perf_counter()
+        if not push.hold:
+            push.replies.append(
+                self.replies.header(g, self._reply(g, staleness, scale))
+            )
+        push.begun = True
+
+    def advance(self) -> int:
+        """Apply the parts that arrived, in every push in flight.
+
+        Returns:
+            How many parts (and buffers) arrived since the last call.
+
+        Raises:
+            LeaderLost: (``drop_lost``) a leader died in the middle of its push.
+            CommTimeoutError: A push received nothing for the communicator's
+                timeout (a leader stuck in the middle of its push).
+        """
+        moved = 0
+        for push in list(self.pushes.values()):
+            moved += self._advance(push)
+        return moved
+
+    def _arrived(self, push: _Push) -> list[int]:
+        """The parts of ``push`` that arrived since the last look, as tested."""
+        out = []
+        for i in push.waiting:
+            status = MPI.Status()
+            try:
+                done = push.parts[i].Test(status)
+            except MPI.Exception as exc:
+                self._lost(push.g, exc)
+            if done:
+                out.append(i)
+                if status.Get_count(MPI.BYTE) == 0:
+                    push.empty.add(i)  # the leader cut its push short
+        return out
+
+    def _advance(self, push: _Push) -> int:
+        """Apply (and answer) the parts of ``push`` that have arrived; returns how many."""
+        g, store = push.g, self.store
+        arrived = self._arrived(push)
+        push.waiting = [i for i in push.waiting if i not in set(arrived)]
+        push.ready += arrived
+        moved = len(arrived)
+        if push.buffers != MPI.REQUEST_NULL:
+            status = MPI.Status()
+            try:
+                if push.buffers.Test(status):
+                    push.buffers = MPI.REQUEST_NULL
+                    push.cut = status.Get_count(MPI.BYTE) == 0
+                    moved += 1
+            except MPI.Exception as exc:
+                self._lost(g, exc)
+        now = time.perf_counter()
+        if moved:
+            push.last = now
+        elif now - push.last > self.ps.timeout:
+            raise CommTimeoutError(
+                f"server {self.server}: the push of leader {g} received nothing "
+                f"for {self.ps.timeout:g} s ({len(push.waiting)} of "
+                f"{len(push.parts)} parts missing; raise HYBRIDAGG_TIMEOUT if "
+                "the leader is legitimately slow)"
+            )
+        if self.drop_lost and (push.waiting or push.buffers != MPI.REQUEST_NULL):
+            return moved  # whole before applied: a leader dying mid-push leaves nothing
+        if not push.begun:
+            self._begin(push)
+        t0 = time.perf_counter()
+        for i in push.ready:
             a, b = store.parts[i]
-            store.grad_wire.decode(store.grad, a, b)  # (bf16/fp16: to float32)
-            if self.nonfinite is None and not all_finite([store.grad[a:b]]):
-                self.halt(g)  # one group must not poison the model
-            if self.nonfinite is None:
-                store.apply(i, lrs, scale)
-            applied += time.perf_counter() - t0
-            if not hold:
-                reqs.append(self.replies.weights(g, i, predict=True))
+            if i not in push.empty and self.nonfinite is None:
+                part = push.landing.widen(a, b)  # (bf16/fp16: to float32)
+                if all_finite([part]):
+                    store.apply(i, push.lrs, push.scale, push.landing.flat)
+                else:
+                    self.halt(g)  # one group must not poison the model
+            if not push.hold:
+                push.replies.append(self.replies.weights(g, i, predict=True))
+        push.applied += time.perf_counter() - t0
+        push.ready = []
+        if not push.waiting and push.buffers == MPI.REQUEST_NULL:
+            self._finish(push)
+        return moved
+
+    def _finish(self, push: _Push) -> None:
+        """Every part of ``push`` is in: the buffers, the reply, the counts."""
+        g, store = push.g, self.store
+        del self.pushes[g]
+        incoming = push.incoming
         if incoming is not None:
-            ps.wait(grads[-1], f"buffers from leader {g}")
-            if self.nonfinite is None and not all_finite([incoming]):
+            if not push.cut and self.nonfinite is None and not all_finite([incoming]):
                 self.halt(g)
-            if self.nonfinite is None:
+            if not push.cut and self.nonfinite is None:
                 store.buffers.copy_(incoming)
-            if not hold:
-                reqs.append(self.replies.buffers(g))
-        self.replies.track(g, reqs)
+            if not push.hold:
+                push.replies.append(self.replies.buffers(g))
+        self.replies.track(g, push.replies)
         if self.fault is not None:
             self.fault(store.version)
-        self.apply_seconds += applied
+        self.apply_seconds += push.applied
         if len(self.apply_times) < _MAX_APPLY_TIMES:
-            self.apply_times.append(applied)
-        if hold:
-            self.book.hold(HeldReply(g, staleness, scale))
+            self.apply_times.append(push.applied)
+        if push.hold:
+            self.book.hold(HeldReply(g, push.staleness, push.scale))
         if self.server == 0:
             self.release_held()
+
+    def _landing(self, g: int) -> _Landing:
+        """Where leader ``g``'s gradient lands: pushes of several groups may
+        be in flight at once, so each group after the first has its own
+        landing buffer, in the wire's type. On a compact wire every group's
+        parts are widened into the shard's one float32 ``grad`` just before
+        they are applied (the server applies one part at a time), so a
+        group's own buffer costs 2 bytes per element, not 4."""
+        store = self.store
+        if g == 0:
+            return _Landing(store.grad_wire, store.grad)
+        if self.landings.get(g) is None:
+            numel = store.grad.numel()
+            if store.grad_wire.compact:
+                own = _Landing(WireCodec(store.wire, numel, feedback=False), store.grad)
+            else:
+                own = _Landing(store.grad_wire, alloc(numel, store.grad.dtype))
+            self.landings[g] = own
+        return self.landings[g]
 
     def _reply(self, g: int, staleness: int, scale: float) -> P.Reply:
         """The reply header to leader ``g``, as things stand now."""
@@ -313,3 +495,14 @@ class RequestHandler:
         for g in self.checkpoints.save(number, state, store.version):
             if g not in book.done:  # (at the end, every leader is done)
                 self.listen(g)
+
+
+def _forget(req: MPI.Request) -> None:
+    """Cancel a receive from a dropped leader, leaving the request to MPI."""
+    if req == MPI.REQUEST_NULL:
+        return
+    try:
+        req.Cancel()
+        req.Free()
+    except MPI.Exception:
+        pass  # (a dead peer's request may fail: nothing more to do with it)

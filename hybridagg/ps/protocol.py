@@ -44,20 +44,20 @@ __all__ = [
     "FINAL",
     "FLAG_NONFINITE",
     "FLAG_STOP",
-    "GRAD",
     "HDR",
     "INIT",
     "LOST",
+    "PART_TAG0",
     "PULL",
     "PUSH",
     "REPLY_BUF",
     "REPLY_HDR",
     "REPLY_LEN",
-    "REPLY_W",
     "REQUEST_FIELDS",
     "WRITTEN",
     "Reply",
     "Request",
+    "part_tag",
     "request_len",
     "server_rank",
 ]
@@ -65,13 +65,29 @@ __all__ = [
 # message kinds (a request's first field)
 PUSH, PULL, DONE, CKPT, LOST = 1.0, 2.0, 3.0, 4.0, 5.0
 # tags
-INIT, HDR, GRAD, BUF, REPLY_HDR, REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101, 110)
+# (103 and 106 were the one tag of all gradient parts and of all reply parts
+# before each part had its own, :func:`part_tag`)
+INIT, HDR, _GRAD, BUF, REPLY_HDR, _REPLY_W, REPLY_BUF, FINAL, WRITTEN = range(101, 110)
 # fixed fields of a request header, before the learning rates
 REQUEST_FIELDS = 6
 FLAG_STOP = 1
 # DONE: the group stops for a non-finite loss or gradient (``arg``: whose);
 # every server then stops every group (never set on a PUSH)
 FLAG_NONFINITE = 2
+
+
+# a part's tag is PART_TAG0 + its index in the server's shard, both ways (a
+# gradient part to the server, the weights of that part back): parts of a
+# streamed push arrive, and are answered, in backward order (the last
+# parameters first), and messages of one tag match the receives in the order
+# they were posted, so each part needs a tag of its own (a gradient part of
+# length 0 cuts the push short)
+PART_TAG0 = 1000
+
+
+def part_tag(part: int) -> int:
+    """The tag of part ``part`` of a push or its reply (:data:`PART_TAG0` + index)."""
+    return PART_TAG0 + part
 
 
 def server_rank(num_groups: int, server: int) -> int:

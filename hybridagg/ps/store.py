@@ -47,7 +47,12 @@ class ShardStore:
         # per part: the flat-model range of each optimizer parameter, in the
         # order of its state_dict (what resharding reads states by)
         self.layout: list[list[tuple[int, int]]] = []
+        # per part: each optimizer parameter and its range in the shard, so a
+        # gradient that landed elsewhere (another group's push in flight) can
+        # be bound as its ``.grad``
+        self._slots: list[list[tuple[torch.nn.Parameter, int, int]]] = []
         for a, b in self.parts:
+            self._slots.append([])
             order = optimizer_order(spec.numels, spec.group_of, lo + a, lo + b)
             self.layout.append([r for _, ranges in order for r in ranges])
             if not order:
@@ -60,6 +65,7 @@ class ShardStore:
                     param = torch.nn.Parameter(self.flat[start - lo : stop - lo])
                     param.grad = self.grad[start - lo : stop - lo]
                     params.append(param)
+                    self._slots[-1].append((param, start - lo, stop - lo))
                 hyper.append({**spec.hyper[g], "params": params})
             groups = [g for g, _ in order]
             self.optimizers.append(
@@ -72,17 +78,29 @@ class ShardStore:
         )
         self.skip_update = bool(spec.skip_update)
 
-    def apply(self, part: int, lrs: list[float], scale: float) -> None:
-        """Step part ``part``'s optimizer on ``grad``, at rates ``lrs`` times ``scale``.
+    def apply(
+        self,
+        part: int,
+        lrs: list[float],
+        scale: float,
+        grad: torch.Tensor | None = None,
+    ) -> None:
+        """Step part ``part``'s optimizer on a gradient, at rates ``lrs`` times ``scale``.
 
         Args:
             part: Index of the part.
             lrs: The user's ``lr`` of each of its parameter groups.
             scale: The compensation's factor for this update.
+            grad: Where the gradient of the whole shard lies (default
+                :attr:`grad`); only this part's range is read.
         """
         entry = self.optimizers[part]
         if entry is None or self.skip_update:
             return
+        source = self.grad if grad is None else grad
+        for param, a, b in self._slots[part]:
+            if param.grad is None or param.grad.data_ptr() != source[a:b].data_ptr():
+                param.grad = source[a:b]
         opt, groups = entry
         for group, user_group in zip(opt.param_groups, groups, strict=True):
             group["lr"] = lrs[user_group] * scale

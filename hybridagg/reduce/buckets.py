@@ -30,6 +30,8 @@ class Bucket:
     """The stage in flight, if any."""
     posted_at: float | None = None
     completed_at: float | None = None
+    final: bool = False
+    """Reduced and divided by the step's total (the gradient as applied)."""
 
     @property
     def nbytes(self) -> int:
@@ -40,6 +42,7 @@ class Bucket:
         self.ready = [False] * len(self.params)
         self.stage_done = 0
         self.test = None
+        self.final = False
 
 
 def assign_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:

@@ -26,9 +26,11 @@ can be in one stage while the next bucket is in another.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..collectives import CollectiveSettings
 from ..comm import Comm, alloc
@@ -61,6 +63,17 @@ class GradientReducer:
             posted in the same order everywhere).
         bucket_bytes: Bucket size.
         settings: The collectives' thresholds (default: the environment's).
+        early_total: Learn the step's total sample count while backward runs
+            (a small all-reduce of its own, posted at the step's first
+            gradient), so that each bucket is *final*, divided by the total,
+            as soon as its reduction completes, and :attr:`on_final` hears
+            of it then (a leader pushes it to the parameter servers). The
+            last bucket is final in :meth:`synchronize` (in a group of one,
+            when backward fills it). Collective: the same on every rank.
+
+    Attributes:
+        on_final: ``f(bucket)`` when a bucket becomes final before
+            :meth:`synchronize` (in bucket order), or ``None``.
     """
 
     def __init__(
@@ -74,6 +87,7 @@ class GradientReducer:
         hierarchical: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         settings: CollectiveSettings | None = None,
+        early_total: bool = False,
     ) -> None:
         if hierarchical and transport.size > 1 and bcast is None:
             raise ValueError("a hierarchical reducer needs a separate bcast transport")
@@ -90,6 +104,10 @@ class GradientReducer:
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}
         for b, members in enumerate(assign_buckets(self.params, bucket_bytes)):
+            # a bucket holds a contiguous run of parameters; laid out in model
+            # order, its memory is one range of the flat model, which a leader
+            # pushes to the parameter servers as it lies
+            members = sorted(members)
             offsets, total = [], 0
             for i in members:
                 offsets.append(total)
@@ -144,6 +162,17 @@ class GradientReducer:
         self._fired = False
         self.last_total_samples = 0.0
         self.last_comm_seconds = 0.0
+        self.on_final: Callable[[Bucket], None] | None = None
+        self.early_total = early_total
+        # the early total: its own communicator, one all-reduce per step
+        self._total_comm = (
+            control.dup("samples") if early_total and control.size > 1 else None
+        )
+        self._total_buf = np.zeros(1, dtype=np.float64)
+        self._total_req: MPI.Request | None = None
+        self.known_total: float | None = None
+        """This step's total sample count, once known before :meth:`synchronize`."""
+        self._final_next = 0
         # per-rank values that ride along with the control vector
         self.share_out = torch.zeros(SHARE_SLOTS, dtype=torch.float64)
         self.shared = torch.zeros(control.size, SHARE_SLOTS, dtype=torch.float64)
@@ -191,6 +220,7 @@ class GradientReducer:
             self._copy_in(i, param.grad)
             bucket.ready[slot] = True
             self._got_grad[i] = True
+            self._post_total()
             self.progress()
 
         return hook
@@ -215,6 +245,42 @@ class GradientReducer:
             bucket.flat.zero_()
         for p, view in zip(self.params, self._views, strict=True):
             p.grad = view
+
+    # --- the early total -----------------------------------------------------
+    def _post_total(self) -> None:
+        """Post this step's all-reduce of the sample counts (once; ``early_total``)."""
+        if not self.early_total or self._total_req is not None:
+            return
+        if self.known_total is not None:
+            return
+        if self._total_comm is None:  # a group of one
+            self.known_total = float(self.samples)
+            return
+        self._total_buf[0] = self.samples
+        self._total_req = self._total_comm.Iallreduce(self._total_buf)
+
+    def _test_total(self) -> None:
+        req = self._total_req
+        if req is not None and self.known_total is None and req.Test():
+            self.known_total = float(self._total_buf[0])
+
+    def _finalize_ready(self) -> None:
+        """Divide every bucket whose reduction completed by the known total, in order."""
+        self._test_total()
+        total = self.known_total
+        last = len(self.buckets) - 1
+        while total is not None and self._final_next < len(self.buckets):
+            k = self._final_next
+            bucket = self.buckets[k]
+            # the last bucket's strategy may still rewrite it in synchronize()
+            if (k == last and self.stages) or not self.bucket_done(bucket):
+                return
+            if total > 0:
+                bucket.flat.div_(total)
+            bucket.final = True
+            self._final_next += 1
+            if self.on_final is not None:
+                self.on_final(bucket)
 
     # --- progress ------------------------------------------------------------
     def start_stage(self, stage: str, transport: Transport, bucket: Bucket):
@@ -261,6 +327,8 @@ class GradientReducer:
                     if bucket.stage_done == len(self.stages):
                         bucket.completed_at = time.perf_counter()
                     changed = True
+        if self.early_total:
+            self._finalize_ready()
         return all(self.bucket_done(b) for b in self.buckets)
 
     def bucket_done(self, bucket: Bucket) -> bool:
@@ -296,6 +364,7 @@ class GradientReducer:
             if not self.buckets[b].ready[slot]:
                 self._copy_in(i, None)
                 self.buckets[b].ready[slot] = True
+        self._post_total()  # (a rank without backward: before the control vector)
         layout = self.layout
         ctrl = layout.pack(
             self.control.rank,
@@ -309,8 +378,11 @@ class GradientReducer:
         transports = [t for _, t in self.stages]
         activity = lambda: sum(t.events for t in transports)  # noqa: E731
         total_vec = self.last_bucket.reduce(self, ctrl, what, activity)
+        if self._total_req is not None:  # (posted everywhere before the control)
+            self._total_comm.wait(self._total_req, "sample count all-reduce")
         self.last_comm_seconds = time.perf_counter() - start
         self.last_bucket.unpack(self, total_vec)
+        final = [b.final for b in self.buckets]
         self._reset()
         misuse = layout.first_misuse(total_vec)
         if misuse is not None:
@@ -325,7 +397,8 @@ class GradientReducer:
         if total > 0:
             weighed = self.buckets[:-1] if self.last_bucket.raw else self.buckets
             for bucket in weighed:
-                bucket.flat.div_(total)
+                if not final[bucket.index]:  # (else divided by the same total)
+                    bucket.flat.div_(total)
         for i, p in enumerate(self.params):
             # a parameter no rank computed a gradient for keeps none, as locally
             if not anywhere[i]:
@@ -344,6 +417,9 @@ class GradientReducer:
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False
+        self._total_req = None
+        self.known_total = None
+        self._final_next = 0
 
     def bucket_sizes(self) -> list[int]:
         """Bytes in each bucket, in posting order."""
@@ -368,3 +444,5 @@ class GradientReducer:
         if not self._closed:
             self._closed = True
             self.last_bucket.close(self)
+            if self._total_comm is not None:
+                self._total_comm.free()

@@ -102,6 +102,12 @@ class ExecutionOptions(Concern):
     overlap: bool = False
     """overlap a leader's exchange with its group's next step"""
 
+    stream_push: bool = False
+    """hybrid, async: a leader pushes each bucket of its group's gradient as
+    soon as the group's reduction of it completes, and the servers update
+    and return each part as it arrives (not with --overlap, whose push runs
+    during the next step)"""
+
     allreduce_backend: str = option("auto", choices=ALLREDUCE_BACKENDS)
     """the all-reduce inside a group: mpi, torch (NCCL on CUDA, gloo on CPU) or
     horovod; auto takes torch for CUDA parameters, else mpi"""

@@ -10,8 +10,8 @@ by field, and sorts each difference into one of four kinds:
   saved or executed, not what it learns: the metrics and summary files, the
   progress bar, validation's cadence and target, the checkpoint folder
   (which may have been moved), checkpoint cadence and the resume flags
-  themselves, the device and the all-reduce backend (the same arithmetic on
-  other hardware), the emulated slowdown (``--slowdown``, ``--sample-ms``:
+  themselves, the device, the all-reduce backend and ``--stream-push``
+  (the same arithmetic, other hardware or another timing of the messages), the emulated slowdown (``--slowdown``, ``--sample-ms``:
   they change how long a step takes, as another machine would) and the
   batch probe (skipped on resume). They are not reported.
 * **resharded** (:data:`RESHARDED`): ``--groups`` and ``--servers``. A run
@@ -61,6 +61,7 @@ HARMLESS = frozenset(
         "accept_config_changes",
         "device",
         "allreduce_backend",
+        "stream_push",
         "slowdown",
         "sample_ms",
         "batch_probe",

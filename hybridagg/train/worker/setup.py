@@ -172,6 +172,7 @@ def make_distributed_optimizer(
         staleness_bound=cfg.staleness_bound,
         max_updates=cfg.steps if cfg.mode != "sync" else None,
         overlap=cfg.overlap,
+        stream_push=cfg.stream_push,
         server_batching=server_batching(cfg, topo),
         fault_tolerant=cfg.survives_group_loss,
         wire=cfg.wire,
