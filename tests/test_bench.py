@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -369,3 +370,19 @@ def test_eight_workers_keep_the_shapes_of_four(hetero):
     assert hetero.mode_groups("async", 8) == (8, 1)
     with pytest.raises(SystemExit, match="--workers must be even"):
         hetero.halves(5)
+
+
+def test_mnist1d_arrays_join_both_parts_with_a_channel(tmp_path):
+    m = load("mnist1d_data")
+    rng = np.random.default_rng(0)
+    data = {
+        "x": rng.normal(size=(8, 40)),
+        "y": np.arange(8) % 10,
+        "x_test": rng.normal(size=(2, 40)),
+        "y_test": np.array([3, 4]),
+    }
+    x, y = m.to_arrays(data)
+    assert x.shape == (10, 1, 40) and x.dtype == np.float32
+    assert y.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 3, 4] and y.dtype == np.int64
+    with pytest.raises(ValueError, match="expected"):
+        m.to_arrays({**data, "y_test": np.array([1])})
