@@ -176,6 +176,29 @@ class PSClient:
             reqs.append(self.ps.Irecv(self.flat_buffers, self._server(0), P.REPLY_BUF))
         return reqs, replies
 
+    def _post_push(
+        self,
+        versions: list[int],
+        samples: float,
+        lrs: list[float],
+        flags: int,
+        seconds_per_sample: float,
+    ) -> tuple[list, list[np.ndarray], list[np.ndarray]]:
+        """Post the reply's receives and a push's header to every server.
+
+        Returns the requests, the reply headers' buffers, and the sent
+        headers (kept alive until their sends complete).
+        """
+        reqs, replies = self._post_replies()
+        keep = []
+        for s in range(self.num_servers):
+            head = P.Request(
+                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
+            ).encode(self.request_len)
+            keep.append(head)
+            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
+        return reqs, replies, keep
+
     def _post_to_all(self, request: P.Request) -> tuple[list, list[np.ndarray]]:
         """Post ``request`` to every server; returns the sends and their headers."""
         heads = [request.encode(self.request_len) for _ in range(self.num_servers)]
@@ -212,14 +235,10 @@ class PSClient:
         """
         if grads is not self.flat_grad:  # else the caller filled it in place
             flatten_into(self.flat_grad, grads, like=self.params)
-        reqs, replies = self._post_replies()
-        keep = []
+        reqs, replies, keep = self._post_push(
+            versions, samples, lrs, flags, seconds_per_sample
+        )
         for s in range(self.num_servers):
-            head = P.Request(
-                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
-            ).encode(self.request_len)
-            keep.append(head)
-            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
             for i, (lo, hi) in enumerate(self.parts[s]):
                 part = self.grad_wire.encode(self.flat_grad, lo, hi)
                 reqs.append(self.ps.Isend(part, self._server(s), P.part_tag(i)))
@@ -256,14 +275,9 @@ class PSClient:
         """
         if self._plan is None or self._plan[0] != buckets:
             self._plan = (list(buckets), plan_stream(self.parts, list(buckets)))
-        reqs, replies = self._post_replies()
-        keep = []
-        for s in range(self.num_servers):
-            head = P.Request(
-                P.PUSH, versions[s], samples, flags, seconds_per_sample, tuple(lrs)
-            ).encode(self.request_len)
-            keep.append(head)
-            reqs.append(self.ps.Isend(head, self._server(s), P.HDR))
+        reqs, replies, keep = self._post_push(
+            versions, samples, lrs, flags, seconds_per_sample
+        )
         servers = [self._server(s) for s in range(self.num_servers)]
         push = StreamedPush(
             self.ps, servers, self._plan[1], reqs, keep, codec=self.grad_wire
