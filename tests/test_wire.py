@@ -408,9 +408,12 @@ def test_bf16_learns_the_digits_as_well_as_fp32(digits, tmp_path, nranks, mode):
         s = summary(out)
         assert s["wire"] == wire
         accuracy[wire] = s["final_accuracy"]
-    # runs reach 0.95-0.98 either way; the stated tolerance is 3 points
+    # Runs reach 0.92-0.98 either way. Hybrid's updates land in the order the
+    # busy cores let them, so either wire's run can be the lucky one (CI saw
+    # fp32 0.925 beside bf16 0.972): what users rely on is that bf16 costs
+    # no more than the stated 3 points, so the check is one-sided.
     assert accuracy["bf16"] >= 0.9, accuracy
-    assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.03, accuracy
+    assert accuracy["bf16"] >= accuracy["fp32"] - 0.03, accuracy
 
 
 @pytest.mark.mpi(ranks=4, timeout=180)
