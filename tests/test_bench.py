@@ -386,3 +386,33 @@ def test_mnist1d_arrays_join_both_parts_with_a_channel(tmp_path):
     assert y.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 3, 4] and y.dtype == np.int64
     with pytest.raises(ValueError, match="expected"):
         m.to_arrays({**data, "y_test": np.array([1])})
+
+
+def test_batch_scaling_rows_give_the_gain_of_larger_updates():
+    bs = load("batch_scaling")
+
+    def run(batch, seed, updates, steps=50):
+        return {
+            "batch_size": batch,
+            "seed": seed,
+            "updates_to_target": updates,
+            "steps": steps,
+            "final_accuracy": 0.9 + seed / 100,
+        }
+
+    records = [run(32, s, u) for s, u in enumerate((20, 24, 22))]
+    # twice the samples, half the updates on two seeds; one seed never got there
+    records += [run(64, 0, 10), run(64, 1, 12), run(64, 2, None)]
+    table = bs.rows(records, 32)
+    assert [r["batch"] for r in table] == [32, 64]
+    first, second = table
+    assert first["updates"] == 22 and first["updates_range"] == (20, 24)
+    assert first["gain"] == 1.0 and first["samples"] == 22 * 32
+    # the missed seed counts as its steps plus one: a lower bound, marked
+    assert second["missed"] == 1 and second["updates"] == 12
+    assert second["updates_range"] == (10, 51)
+    assert second["gain"] == pytest.approx(22 / 12) and second["perfect_gain"] == 2
+    text = bs.markdown(table, 0.9)
+    assert "1 missed: lower bound" in text and "| 64 |" in text
+    with pytest.raises(SystemExit, match="--batches"):
+        bs.main(["--batches", "32,x"])

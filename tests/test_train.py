@@ -227,6 +227,8 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert curve[-1][1] == s["final_accuracy"]
     first = next(t for t, a in curve if a >= 0.85)
     assert first == s["time_to_target_s"]
+    # and the update it was reached at, within the run's updates
+    assert 0 < s["updates_to_target"] <= s["steps"], s
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
     # every rank's CPU seconds (servers' too) on this one machine's cores;
     # the emulated compute sleeps, so the cores leave room here

@@ -197,7 +197,14 @@ def derived_seed(seed: int, checkpoint: int, worker: int) -> int:
     return int(words.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-_COUNTERS = ("step", "epochs_done", "train_time_s", "time_to_target_s", "updates")
+_COUNTERS = (
+    "step",
+    "epochs_done",
+    "train_time_s",
+    "time_to_target_s",
+    "updates_to_target",
+    "updates",
+)
 
 
 def worker_part(

@@ -27,6 +27,7 @@ def summarize(
     run_id: str,
     resharded: dict | None = None,
     accuracy_curve: list[tuple[float, float]] | None = None,
+    updates_to_target: int | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
 
@@ -44,6 +45,7 @@ def summarize(
             other ranks, servers or groups (``None``: not resharded).
         accuracy_curve: ``(training seconds, accuracy)`` of each validation
             (compares modes at equal training time).
+        updates_to_target: The update at which the target was first reached.
     """
     workers = [r for r in reports if r["role"] == "worker"]
     wall = max(r["wall_s"] for r in workers)
@@ -74,6 +76,7 @@ def summarize(
         "cores_bound_samples_per_sec": bound,
         "wall_s": wall,
         "time_to_target_s": time_to_target_s,
+        "updates_to_target": updates_to_target,
         "target_accuracy": cfg.target_accuracy,
         "final_accuracy": final_accuracy,
         "accuracy_curve": [[t, a] for t, a in (accuracy_curve or [])],

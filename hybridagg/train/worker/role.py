@@ -183,6 +183,7 @@ class WorkerRole:
             metrics=self.metrics,
             clock=self.clock,
             first_target=part.get("time_to_target_s"),
+            first_target_update=part.get("updates_to_target"),
         )
         self.signal = StopSignal(self.stop, opt, sync=sync, is_leader=topo.is_leader)
         self.checkpoints = WorkerCheckpoints(
@@ -212,6 +213,7 @@ class WorkerRole:
             "epochs_done": self.epochs.done,
             "train_time_s": self.clock.train_time(),
             "time_to_target_s": self.validation.first_target,
+            "updates_to_target": self.validation.first_target_update,
             # the sample order the saved position refers to
             "window_blocks": self.loader.window_blocks,
         }
@@ -314,6 +316,7 @@ class WorkerRole:
                 updates=self.opt.updates if sync else (self.final_version or 0),
                 epochs=self.epochs.done,
                 time_to_target_s=self.validation.first_target,
+                updates_to_target=self.validation.first_target_update,
                 final_accuracy=self.validation.final_accuracy,
                 accuracy_curve=self.validation.curve,
                 resumed_from=self.resume,

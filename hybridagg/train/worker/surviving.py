@@ -165,6 +165,7 @@ class SurvivingWorker:
             updates=role.final_version or 0,
             epochs=role.epochs.done,
             time_to_target_s=role.validation.first_target,
+            updates_to_target=role.validation.first_target_update,
             final_accuracy=role.validation.final_accuracy,
             accuracy_curve=role.validation.curve,
             resumed_from=role.resume,

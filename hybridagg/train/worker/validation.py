@@ -33,6 +33,7 @@ class Validation:
         metrics: Where ``eval`` records go.
         clock: The training clock (validation time is not training time).
         first_target: Training seconds to ``--target-accuracy`` of a resumed run.
+        first_target_update: The update at which a resumed run reached it.
     """
 
     def __init__(
@@ -46,11 +47,15 @@ class Validation:
         metrics: MetricsWriter,
         clock: TrainClock,
         first_target: float | None,
+        first_target_update: int | None = None,
     ) -> None:
         self.cfg, self.sync, self.evaluator = cfg, sync, evaluator
         self.model, self.opt, self.metrics, self.clock = model, opt, metrics, clock
         self.first_target = first_target
         """Training seconds until the accuracy first reached the target."""
+        self.first_target_update = first_target_update
+        """The update (server version, or sync step) of that validation: the
+        field's "steps to result", which tells what larger updates buy."""
         self.last_accuracy: str | None = None
         """The latest accuracy, formatted for the progress bar."""
         self.final_accuracy: float | None = None
@@ -89,6 +94,7 @@ class Validation:
         target = self.cfg.target_accuracy
         if target is not None and accuracy >= target and self.first_target is None:
             self.first_target = train_time
+            self.first_target_update = opt.server_version
         self.metrics.write(
             "eval",
             t=self.clock.since_start(),
