@@ -250,9 +250,9 @@ _DECLARED = [
     ),
     EnvVar(
         "HYBRIDAGG_MODE",
-        "sync",
+        None,
         "hybridagg.torch.init() (a Horovod script run with import "
-        "hybridagg.torch as hvd): sync (every worker's gradients averaged "
+        "hybridagg.torch as hvd): sync (the default: every worker's gradients averaged "
         "before each update, as Horovod), hybrid (groups all-reduce inside and "
         "meet parameter servers asynchronously) or async (every worker alone "
         "with the servers).",
