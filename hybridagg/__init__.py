@@ -17,6 +17,7 @@ from .version import __version__
 
 _LAZY = {
     "init": "hybridagg.topology",
+    "current_topology": "hybridagg.topology",
     "Topology": "hybridagg.topology",
     "DistributedOptimizer": "hybridagg.optimizer",
     "broadcast_parameters": "hybridagg.optimizer",

@@ -351,6 +351,30 @@ def test_join_lets_workers_with_less_data_finish_first(hvd, mpi_ranks):
     opt.step()
 
 
+@pytest.mark.mpi(ranks=2, timeout=90)
+def test_a_nan_gradient_stops_every_rank(hvd):
+    """Horovod would apply it; hybridagg applies nothing and says so, on every rank."""
+    from hybridagg.runtime.outcomes import NonFiniteError
+
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+    )
+    x = torch.ones(2, 6, dtype=torch.float64)
+    if hvd.rank() == 1:
+        x[0, 0] = float("nan")
+    opt.zero_grad()
+    model(x).sum().backward()
+    with pytest.raises(
+        NonFiniteError, match="update 1: the reduced gradient is not finite"
+    ):
+        opt.step()
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.mpi(ranks=2, timeout=60)
 def test_bad_settings_fail_on_every_rank(monkeypatch):
     import hybridagg.torch as hvd

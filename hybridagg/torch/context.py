@@ -19,6 +19,7 @@ import atexit
 from dataclasses import dataclass, field
 
 from ..comm import Comm
+from ..runtime.outcomes import NonFiniteError
 from ..topology import Topology, forget_topology
 from ..topology import init as init_topology
 from .settings import JobSettings, settings_from_env
@@ -146,8 +147,13 @@ def _serve_and_exit(topo: Topology) -> None:
     """A server rank: serve until every group is done, then end the process."""
     from ..ps.server import serve
 
-    serve(topo)
+    stats = serve(topo)
     forget_topology(topo)
+    if stats.nonfinite is not None:  # (the workers raise it too)
+        raise NonFiniteError(
+            f"group {stats.nonfinite}'s loss or gradient was not finite; "
+            "training stopped"
+        )
     raise SystemExit(0)
 
 

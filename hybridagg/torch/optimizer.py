@@ -29,6 +29,7 @@ import torch
 from ..optimizer import DistributedOptimizer as _Factory
 from ..optimizer.server import ServerOptimizer
 from ..optimizer.sync import SyncOptimizer
+from ..runtime.outcomes import NonFiniteError
 from .context import current_job
 
 __all__ = [
@@ -170,14 +171,26 @@ class _HorovodSemantics:
             self._skip = False
 
     def step(self, closure=None):
-        """Reduce (unless :meth:`synchronize` did) and update."""
+        """Reduce (unless :meth:`synchronize` did) and update.
+
+        Raises:
+            NonFiniteError: The reduced gradient (or, in hybrid and async
+                mode, any group's) was NaN or infinite: no update was
+                applied, and the same error is raised on every rank of the
+                reduction (exit code 3 once unhandled). Horovod would apply
+                it; a script cannot see that hybridagg skipped it.
+        """
         if self._skip and not self._synced:
             raise ValueError(
                 "optimizer.step() inside skip_synchronize() needs "
                 "optimizer.synchronize() first: the gradients' reduction is "
                 "already under way and must be finished"
             )
-        return super().step(closure)
+        loss = super().step(closure)
+        reason = self.nonfinite
+        if reason is not None:
+            raise NonFiniteError(f"update {self.updates + 1}: {reason}")
+        return loss
 
 
 class HorovodSyncOptimizer(_HorovodSemantics, SyncOptimizer):
