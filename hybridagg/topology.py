@@ -43,7 +43,9 @@ __all__ = [
     "Comms",
     "RankInfo",
     "Topology",
+    "current_topology",
     "default_topology",
+    "forget_topology",
     "init",
     "parse_group_spec",
     "plan",
@@ -588,7 +590,8 @@ def init(
     comms = Comms(world=world, workers=workers, group=group, leaders=leaders, node=node)
     if torch.cuda.is_available() and topo.is_worker:
         torch.cuda.set_device(topo.local_rank % torch.cuda.device_count())
-    return Topology(
+    global _CURRENT
+    _CURRENT = Topology(
         world_size=topo.world_size,
         groups=topo.groups,
         servers=topo.servers,
@@ -597,6 +600,16 @@ def init(
         policy=topo.policy,
         comms=comms,
     )
+    return _CURRENT
+
+
+# The topology the last init() of this process formed. Library calls made
+# without topology= (Horovod's habit: hvd.broadcast_parameters(...) names no
+# communicator) use it: a second init() there would be collective over the
+# whole world, which the servers, serving, never join, so the workers hung
+# until the timeout (issue 23). Explicit topologies are still the rule
+# inside hybridagg; this is only the default of the public calls.
+_CURRENT: Topology | None = None
 
 
 def _slurm_component() -> int | None:
@@ -605,14 +618,37 @@ def _slurm_component() -> int | None:
     return slurm_het_component()
 
 
+def current_topology() -> Topology | None:
+    """The topology the last :func:`init` of this process formed (``None``:
+    none, or its communicators were freed since)."""
+    from mpi4py import MPI
+
+    topo = _CURRENT
+    if topo is None or topo.comms is None or topo.comms.world.mpi == MPI.COMM_NULL:
+        return None
+    return topo
+
+
+def forget_topology(topology: Topology | None = None) -> None:
+    """Stop using ``topology`` (default: the current one) as the default.
+
+    Call it before freeing its communicators; the next call without
+    ``topology=`` then initialises again.
+    """
+    global _CURRENT
+    if topology is None or topology is _CURRENT:
+        _CURRENT = None
+
+
 def default_topology(topology: Topology | None) -> Topology:
-    """``topology`` as given, or :func:`init` of ``COMM_WORLD`` when ``None``.
+    """``topology`` as given; when ``None``, the one :func:`init` already formed
+    in this process, else :func:`init` of ``COMM_WORLD`` (collective).
 
     Raises:
         TypeError: ``topology`` did not come from :func:`init`.
     """
     if topology is None:
-        return init()
+        return current_topology() or init()
     if not isinstance(topology, Topology) or topology.comms is None:
         raise TypeError("topology must come from hybridagg.init(...)")
     return topology

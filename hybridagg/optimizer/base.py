@@ -86,6 +86,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             wire. Needs the ``mpi`` or ``torch`` all-reduce backend; with
             ``fp16``, a gradient element beyond 65504 becomes an infinity
             and the non-finite check stops the run.
+        backward_passes_per_step: Gradient accumulation (Horovod's name):
+            each gradient is reduced, and may be stepped, once every this
+            many backward passes; the passes in between sum into ``.grad``
+            locally, with no communication. Call :meth:`step` after the
+            last of them (a parameter the last pass missed is reduced with
+            what it accumulated). Default 1.
         fault_tolerant: The run survives the loss of a group
             (``--on-group-failure continue``): no shared-memory window is
             used for the group's reduction (Open MPI does not support its
@@ -129,8 +135,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         server_batching: dict | None = None,
         fault_tolerant: bool = False,
         wire: str = "fp32",
+        backward_passes_per_step: int = 1,
     ) -> None:
         check_wire(wire)
+        if (
+            isinstance(backward_passes_per_step, bool)
+            or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1
+        ):
+            raise ValueError(
+                "backward_passes_per_step must be a positive integer, got "
+                f"{backward_passes_per_step!r}"
+            )
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
@@ -211,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             bucket_bytes=int(bucket_mb * 2**20),
             settings=settings,
             early_total=self._early_total(named),
+            backward_passes=backward_passes_per_step,
         )
         self._buffers = [
             b for b in (model.buffers() if model else []) if b.is_floating_point()

@@ -249,6 +249,30 @@ _DECLARED = [
         "slurm/chain.sbatch",
     ),
     EnvVar(
+        "HYBRIDAGG_MODE",
+        None,
+        "hybridagg.torch.init() (a Horovod script run with import "
+        "hybridagg.torch as hvd): sync (the default: every worker's gradients averaged "
+        "before each update, as Horovod), hybrid (groups all-reduce inside and "
+        "meet parameter servers asynchronously) or async (every worker alone "
+        "with the servers).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_GROUPS",
+        None,
+        "hybridagg.torch.init(): the groups of workers, as hybridagg train "
+        "--groups (e.g. 0-1,2-3; node; device; speed; slurm). Default by "
+        "HYBRIDAGG_MODE: world (sync), node (hybrid), each (async).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SERVERS",
+        None,
+        "hybridagg.torch.init(): parameter-server ranks, the last K of the job; "
+        "they serve inside init() and exit when training ends. Default 0 in "
+        "sync, 1 in hybrid and async.",
+        kind="int",
+    ),
+    EnvVar(
         "HYBRIDAGG_SLOWDOWN",
         None,
         "Emulated heterogeneity, e.g. '0-1:1,2-3:4' (world rank: factor); "
