@@ -540,3 +540,73 @@ def test_mse_on_class_labels_is_one_message(digits):
     assert result.returncode == 2, text[-2000:]
     assert text.count("--loss mse needs float targets") == 1, text[-2000:]
     assert "[rank 0] hybridagg train: error:" in text and "Traceback" not in text
+
+
+@pytest.mark.mpi(ranks=3, timeout=120)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_final_state_dict_is_the_servers_model_not_a_prediction(mode):
+    """The library's export: after finish(), rank 0's final_state_dict() holds
+    what the servers hold (weights and BatchNorm statistics), although with
+    the lookahead on the model held a prediction before finish()."""
+    import hybridagg
+
+    servers = 1 if mode == "async" else 0
+    topo = hybridagg.init(groups="each" if servers else "world", servers=servers)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, 1),
+    )
+    opt = hybridagg.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        model.named_parameters(),
+        topo,
+        mode=mode,
+        model=model,
+        compensation=hybridagg.Compensation(reference_batch=16, lookahead=True),
+    )
+    with pytest.raises(ValueError, match=r"call finish\(\) first"):
+        opt.final_state_dict()
+    rng = torch.Generator().manual_seed(10 + topo.rank)
+    for _ in range(12):
+        x = torch.randn(16, 8, generator=rng)
+        opt.set_samples(16)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x[:, :1]).backward()
+        opt.step()
+    topo.comms.workers.barrier(what="every worker's last update")
+    truth = None
+    if servers and topo.rank == 0:  # no push can follow: this is the end state
+        truth = opt.pull_state()
+        held, _ = flat_of(model.state_dict(), model)
+        assert not torch.equal(held, truth[0])  # the last reply: a prediction
+    opt.finish()
+    if servers and topo.rank != 0:
+        with pytest.raises(ValueError, match="does not hold the final weights"):
+            opt.final_state_dict()
+        return
+    state = opt.final_state_dict()
+    assert state.keys() == model.state_dict().keys()
+    weights, buffers = flat_of(state, model)
+    if truth is not None:
+        assert torch.equal(weights, truth[0])
+        assert torch.equal(buffers, truth[1].float())
+    else:  # sync: every worker's model, the same everywhere
+        everyone = topo.comms.workers.allgather(weights.tolist(), what="final weights")
+        assert all(w == weights.tolist() for w in everyone)
+    fresh = torch.nn.Sequential(
+        torch.nn.Linear(8, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, 1),
+    )
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    fresh.load_state_dict(torch.load(buf, weights_only=True), strict=True)
+    assert torch.equal(flat_of(fresh.state_dict(), fresh)[0], weights)
