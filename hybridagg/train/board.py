@@ -18,6 +18,9 @@ group's samples of the update), ``batch/rank_R`` (each member's batch),
 Validation run: ``val/accuracy`` (classification only) and ``val/loss``.
 Steps whose reduction saw no samples (an epoch's empty end) write nothing.
 
+The leaders write where they run: on a cluster ``DIR`` must be on a file
+system every node shares (as ``--metrics``' parts must).
+
 The ``tensorboard`` package is an optional extra (``pip install
 'hybridagg[tensorboard]'``); :func:`check_available` makes its absence one
 clear error at set-up.
@@ -77,10 +80,11 @@ class Board:
         from torch.utils.tensorboard import SummaryWriter
 
         root = Path(folder)
+        # (flushed every few seconds: a killed job keeps most of its curves)
         if is_leader:
-            self.train = SummaryWriter(str(root / f"group-{group}"))
+            self.train = SummaryWriter(str(root / f"group-{group}"), flush_secs=10)
         if rank == 0:
-            self.val = SummaryWriter(str(root / "validation"))
+            self.val = SummaryWriter(str(root / "validation"), flush_secs=10)
 
     def step(
         self,
