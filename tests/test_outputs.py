@@ -160,6 +160,10 @@ def test_float_targets_are_converted_read_and_evaluated(tmp_path):
     with HDF5Loader(str(path), batch_size=50, split="val", shuffle=False) as loader:
         _, yb = next(iter(loader))
     assert yb.dtype == torch.float32 and yb.shape == (50,)
+    from hybridagg.data import HDF5Dataset
+
+    _, target = HDF5Dataset(path)[3]  # (a DataLoader's collate stacks these)
+    assert target.dtype == torch.float32 and target.shape == ()
     # validation reports the mean squared error and no accuracy
     cfg = TrainConfig(data=str(path), loss="mse")
     model = torch.nn.Linear(8, 1)
