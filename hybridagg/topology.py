@@ -513,7 +513,10 @@ def init(
     Collective over ``comm``. Every rank must pass the same ``groups`` and
     ``servers``; a bad or disagreeing spec raises the same ``ValueError`` on
     every rank. Installs the abort-on-unhandled-error hook and sets one
-    compute thread per rank (see :mod:`hybridagg.comm`). On a CUDA machine,
+    compute thread per rank (see :mod:`hybridagg.comm`). Shows hybridagg's
+    log messages on stderr, rank-tagged, rank 0's only, at
+    ``HYBRIDAGG_LOG_LEVEL`` (:mod:`hybridagg.runtime.logs`; a script that
+    configured ``logging`` itself keeps its own handlers). On a CUDA machine,
     binds each rank to GPU ``local_rank % device_count``.
 
     Args:
@@ -532,7 +535,7 @@ def init(
     from mpi4py import MPI
 
     from .comm import Comm, configure_threads, install_abort_hook
-    from .runtime import envvars
+    from .runtime import envvars, logs
 
     install_abort_hook()
     configure_threads(num_threads)
@@ -546,6 +549,8 @@ def init(
             )
         if isinstance(servers, bool) or not isinstance(servers, int):
             raise TypeError(f"servers must be an int, got {type(servers).__name__}")
+        # rank-tagged log messages, rank 0's (HYBRIDAGG_LOG_LEVEL, _RANKS)
+        logs.configure(world.rank, force=False)
         if slowdown is None:
             slowdown = envvars.get_str("HYBRIDAGG_SLOWDOWN")
         schedule = (

@@ -236,6 +236,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buffer_collectives = Collectives(self._control, settings)
         self._synced = False
         self._halted: str | None = None
+        self._finished = False
         self.last_total_samples = 0.0
         self.updates = 0
 
@@ -424,7 +425,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         self._reducer.close()  # (collective over the group)
         self._transports.free()
+        self._finished = True
         return None
+
+    def final_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained model as a plain ``state_dict``, for ``torch.save``.
+
+        Call after :meth:`finish`, on a rank that holds the final model: in
+        sync mode any worker (every worker holds the same); in hybrid and
+        async mode rank 0, which :meth:`finish` gave the servers' final
+        weights (the weights the servers hold, never a momentum-lookahead
+        prediction of a reply) and floating buffers (BatchNorm statistics,
+        as the servers keep them). Integer buffers (BatchNorm's
+        ``num_batches_tracked``) are this rank's own. Parameters and buffers
+        are detached copies on the CPU, so the file loads anywhere::
+
+            if hybridagg.rank() == 0:   # after opt.finish()
+                torch.save(opt.final_state_dict(), "model.pt")
+            model.load_state_dict(torch.load("model.pt", weights_only=True))
+
+        Raises:
+            ValueError: No ``model=`` was given, :meth:`finish` was not
+                called, or (hybrid/async) this rank did not receive the
+                final weights.
+        """
+        if self.model is None:
+            raise ValueError(
+                "final_state_dict() needs the model: pass model= to "
+                "DistributedOptimizer"
+            )
+        if not self._finished:
+            raise ValueError("final_state_dict(): call finish() first")
+        self._check_holds_final()
+        state = self.model.state_dict()
+        out = OrderedDict((k, v.detach().cpu().clone()) for k, v in state.items())
+        # (the modules' versions: load_state_dict upgrades old layouts by them)
+        out._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
+        return out
+
+    def _check_holds_final(self) -> None:
+        """Raise ``ValueError`` unless this rank's model holds the final weights."""
 
     # --- side channels -----------------------------------------------------------
     def share(self, values) -> None:

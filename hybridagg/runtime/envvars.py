@@ -101,6 +101,19 @@ _DECLARED = [
         positive=True,
     ),
     EnvVar(
+        "HYBRIDAGG_LOG_LEVEL",
+        "warning",
+        "Level of hybridagg's log messages (debug, info, warning, error) for a "
+        "script that uses the library: hybridagg.init() shows them on stderr, "
+        "tagged '[rank R]'. hybridagg train takes --log-level instead.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_LOG_RANKS",
+        "0",
+        "Which ranks show hybridagg's log messages: 0 (rank 0 only) or all "
+        "(every rank, each line tagged with its rank).",
+    ),
+    EnvVar(
         "HYBRIDAGG_EXIT_CODES",
         "0",
         "With --on-group-failure continue: 1 makes each rank's process exit with "
