@@ -51,6 +51,7 @@ FLAGS = [
     "--momentum",
     "--no-lookahead",
     "--no-progress",
+    "--normalize",
     "--on-group-failure",
     "--optimizer",
     "--overlap",

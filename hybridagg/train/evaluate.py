@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import h5py
+import numpy as np
 import torch
 
 from ..data import HDF5Loader
@@ -39,13 +40,19 @@ class Evaluator:
     """Evaluates models on the ``val`` split (the ``train`` split if there is none).
 
     Args:
-        cfg: The data options (``cfg.data``: the HDF5 file).
+        cfg: The data options (``cfg.data``: the HDF5 file; ``cfg.normalize``).
         model: The model to evaluate (unused; kept for the callers' signature).
         device: Where batches go.
+        statistics: ``--normalize compute``: the training split's statistics
+            (the validation split is normalised as the training split is).
     """
 
     def __init__(
-        self, cfg: DataOptions, model: torch.nn.Module, device: torch.device
+        self,
+        cfg: DataOptions,
+        model: torch.nn.Module,
+        device: torch.device,
+        statistics: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         with h5py.File(cfg.data, "r") as f:
             has_val = "val" in f and len(f["val"]["labels"]) > 0
@@ -57,7 +64,8 @@ class Evaluator:
             batch_size=max(1, min(512, size)),
             split=split,
             shuffle=False,
-            normalize=True,
+            normalize=cfg.normalize != "none",
+            statistics=statistics,
             prefetch=0,
             device=device,
         )

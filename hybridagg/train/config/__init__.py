@@ -37,6 +37,7 @@ from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
 from .outputs import CheckpointOptions, EvaluationOptions, OutputOptions
 from .training import (
+    NORMALIZE,
     OPTIMIZERS,
     DataOptions,
     LengthOptions,
@@ -47,6 +48,7 @@ from .training import (
 __all__ = [
     "ALLREDUCE_BACKENDS",
     "CONCERNS",
+    "NORMALIZE",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
     "WIRE_FORMATS",

@@ -8,9 +8,17 @@ from typing import ClassVar
 from ..zoo import MODELS
 from .fields import Concern, option
 
-__all__ = ["OPTIMIZERS", "DataOptions", "LengthOptions", "ModelOptions", "OptimOptions"]
+__all__ = [
+    "NORMALIZE",
+    "OPTIMIZERS",
+    "DataOptions",
+    "LengthOptions",
+    "ModelOptions",
+    "OptimOptions",
+]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+NORMALIZE = ("stored", "compute", "none")
 
 WHAT = "what to train"
 
@@ -26,6 +34,11 @@ class DataOptions(Concern):
 
     seed: int = option(0, at_least=0)
     """seed of the model's initial weights and of the order the data is read in"""
+
+    normalize: str = option("stored", choices=NORMALIZE)
+    """how samples are normalised: stored (the per-channel mean and deviation
+    the data file records), compute (computed from the training split at
+    start, for a file that records none), none (samples as stored)"""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -150,7 +150,9 @@ class SurvivingWorker:
         """The reporter validates the final weights (building an evaluator if not rank 0)."""
         role = self.role
         if role.validation.evaluator is None:
-            role.validation.evaluator = Evaluator(role.cfg, role.model, local.device)
+            role.validation.evaluator = Evaluator(
+                role.cfg, role.model, local.device, local.statistics
+            )
         role.validation.maybe_run(final=True)
 
     def _summary(self, endings: list[Ending], verdict: Verdict) -> dict:
