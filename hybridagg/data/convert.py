@@ -207,17 +207,14 @@ def convert_arrays(
             layout.
     """
 
-    def make(pair, name):
-        return ArraySource(
-            pair[0], pair[1], name=name, layout=layout, allow_nonfinite=allow_nonfinite
-        )
-
     val, test = _pair(val, "val"), _pair(test, "test")
-    return convert_sources(
-        make((x, y), source),
+    return _convert_pairs(
+        (x, y, source),
         out,
-        val=make(val, f"{source} (val)") if val is not None else None,
-        test=make(test, f"{source} (test)") if test is not None else None,
+        val=None if val is None else (*val, f"{source} (val)"),
+        test=None if test is None else (*test, f"{source} (test)"),
+        layout=layout,
+        allow_nonfinite=allow_nonfinite,
         num_classes=num_classes,
         val_fraction=val_fraction,
         seed=seed,
@@ -225,6 +222,29 @@ def convert_arrays(
         block_samples=block_samples,
         progress=progress,
     )
+
+
+def _convert_pairs(
+    train: tuple,
+    out: str | os.PathLike,
+    *,
+    val: tuple | None,
+    test: tuple | None,
+    layout: str = "auto",
+    allow_nonfinite: bool = False,
+    **kw,
+) -> Path:
+    """:func:`convert_sources` over ``(samples, labels, name)`` triples."""
+
+    def make(triple):
+        if triple is None:
+            return None
+        x, y, name = triple
+        return ArraySource(
+            x, y, name=name, layout=layout, allow_nonfinite=allow_nonfinite
+        )
+
+    return convert_sources(make(train), out, val=make(val), test=make(test), **kw)
 
 
 def _load_npy(path: str | os.PathLike) -> np.ndarray:
@@ -242,7 +262,11 @@ def _npy_pair(paths, what: str) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     if isinstance(paths, (str, os.PathLike)) or len(paths) != 2:
         raise ValueError(f"{what} of npy data takes two files: X.npy Y.npy")
-    return _load_npy(paths[0]), np.asarray(_load_npy(paths[1]))
+    return (
+        _load_npy(paths[0]),
+        np.asarray(_load_npy(paths[1])),
+        f"npy:{Path(paths[0]).name}",
+    )
 
 
 def convert_npy(
@@ -262,20 +286,18 @@ def convert_npy(
         **kw: As :func:`convert_arrays`.
     """
     x, y = _load_npy(x_path), _load_npy(y_path)
-    return convert_arrays(
-        x,
-        np.asarray(y),
+    source = f"npy:{Path(x_path).name}"
+    return _convert_pairs(
+        (x, np.asarray(y), source),
         out,
-        source=f"npy:{Path(x_path).name}",
         val=_npy_pair(val_from, "--val-from"),
         test=_npy_pair(test_from, "--test-from"),
+        source=source,
         **kw,
     )
 
 
-def _npz_arrays(
-    path: str | os.PathLike, x_key: str, y_key: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _npz_arrays(path: str | os.PathLike, x_key: str, y_key: str) -> tuple:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"input file {p} does not exist")
@@ -286,7 +308,7 @@ def _npz_arrays(
                 f"input file {p} has no array {missing[0]!r} (has: "
                 f"{', '.join(z.files)}); pass --x-key/--y-key"
             )
-        return z[x_key], z[y_key]
+        return z[x_key], z[y_key], f"npz:{p.name}"
 
 
 def convert_npz(
@@ -306,21 +328,20 @@ def convert_npz(
         test_from: An ``.npz`` of a given test set (the same keys).
         **kw: As :func:`convert_arrays`.
     """
-    x, y = _npz_arrays(path, x_key, y_key)
-    return convert_arrays(
-        x,
-        y,
+    train = _npz_arrays(path, x_key, y_key)
+    return _convert_pairs(
+        train,
         out,
-        source=f"npz:{Path(path).name}",
         val=None if val_from is None else _npz_arrays(val_from, x_key, y_key),
         test=None if test_from is None else _npz_arrays(test_from, x_key, y_key),
+        source=train[2],
         **kw,
     )
 
 
 def _hdf5_arrays(
     stack: contextlib.ExitStack, path: str | os.PathLike, x_key: str, y_key: str
-) -> tuple[h5py.Dataset, np.ndarray]:
+) -> tuple:
     from .format import open_file
 
     f = stack.enter_context(open_file(path))
@@ -338,7 +359,7 @@ def _hdf5_arrays(
             )
         arrays.append(obj)
     # the samples stay on disk, read in slices; the labels are small
-    return arrays[0], np.asarray(arrays[1][()])
+    return arrays[0], np.asarray(arrays[1][()]), f"hdf5:{Path(path).name}"
 
 
 def convert_hdf5(
@@ -364,14 +385,12 @@ def convert_hdf5(
         **kw: As :func:`convert_arrays`.
     """
     with contextlib.ExitStack() as stack:
-        x, y = _hdf5_arrays(stack, path, x_key, y_key)
+        train = _hdf5_arrays(stack, path, x_key, y_key)
         val = None if val_from is None else _hdf5_arrays(stack, val_from, x_key, y_key)
         test = (
             None if test_from is None else _hdf5_arrays(stack, test_from, x_key, y_key)
         )
-        return convert_arrays(
-            x, y, out, source=f"hdf5:{Path(path).name}", val=val, test=test, **kw
-        )
+        return _convert_pairs(train, out, val=val, test=test, source=train[2], **kw)
 
 
 def convert_folder(
