@@ -13,18 +13,33 @@ and want hybridagg's division of the data, the one its
   samples remain at the end than workers; none with ``drop_last``). No
   communication after construction.
 * ``shares="dynamic"`` (hybrid and async modes): the epoch's order is cut
-  into chunks of ``chunk_samples``; workers draw chunk numbers from one
-  counter in an MPI window (the protocol of :mod:`.position`: the counter
-  runs on across epochs, so no worker ever waits for another at an epoch
-  boundary), so a fast worker takes more chunks and a slow one fewer, and
-  every chunk of an epoch goes to exactly one worker.
+  into chunks of ``chunk_samples``, drawn from one counter in an MPI window
+  (the protocol of :mod:`.position`: the counter runs on across epochs, so
+  no group ever waits for another at an epoch boundary), so a fast group
+  takes more chunks and a slow one fewer, and every chunk of an epoch goes
+  to exactly one group. Inside a group of several workers (``group=``), which
+  all-reduces every step, the group's leader draws and broadcasts each chunk
+  and the group's samples are dealt in rounds of the group's batch: each
+  worker gets its batch size of every round, so every worker of the group
+  takes the same number of steps (the last, partial round gives each worker
+  at least one sample, padded like ``DistributedSampler`` when fewer remain
+  than workers).
 
 The ``DataLoader`` iterates the sampler in the main process, also with
-``num_workers > 0``: the counter is only ever touched there. Where
+``num_workers > 0``: the counter is only ever touched there. The workers of
+a group pull indices at the same steps when their data loaders have the
+same ``num_workers`` and ``prefetch_factor`` (one script on every rank); a
+group whose workers prefetch differently can wait on itself, which ends
+with the timeout's error, never a hang.
+
 ``torch.utils.data.DistributedSampler(num_replicas=size, rank=rank)`` gives
-every rank the same number of samples, which in hybrid and async modes makes
-fast groups wait idle at each epoch's end (or, in a loop over epochs, run
-ahead into a skew of epochs), this sampler is its one-line replacement.
+every worker the same number of samples. In hybrid and async modes a fast
+group then finishes its share of the epochs early and sits idle while the
+slow groups finish theirs: the run takes as long as the slowest group needs
+for an equal share, as in sync mode. With dynamic shares the groups divide
+each epoch by speed and finish together;
+``ShareSampler(dataset, batch_size=b, topology=topo)`` replaces the
+``DistributedSampler`` in one line.
 """
 
 from __future__ import annotations
@@ -90,10 +105,18 @@ class ShareSampler(torch.utils.data.Sampler):
     Args:
         data: The dataset (anything with ``len()``) or its length.
         batch_size: This worker's batch size (its ``DataLoader``'s).
+        topology: A :class:`hybridagg.Topology` from :func:`hybridagg.init`:
+            ``comm`` and ``group`` are its workers' and this worker's
+            group's communicators, and ``shares`` defaults to ``"dynamic"``
+            when it has servers (hybrid, async), else ``"static"``.
         comm: The communicator of the *workers* (``topology.comms.workers``,
             a :class:`hybridagg.comm.Comm`, or an mpi4py communicator; it is
             duplicated), or ``None`` for one process.
-        shares: ``"static"`` (sync mode) or ``"dynamic"`` (hybrid, async).
+        group: Dynamic shares: the communicator of this worker's group
+            (``topology.comms.group``), whose workers all-reduce every step
+            and so must take the same number; ``None``: a group of one.
+        shares: ``"static"`` (sync mode) or ``"dynamic"`` (hybrid, async);
+            default ``"static"``, or as ``topology`` says.
         seed: Seed of the order; every worker must give the same.
         epoch: First epoch (see :meth:`set_epoch`).
         shuffle: Permute each epoch (``False``: index order).
@@ -120,8 +143,10 @@ class ShareSampler(torch.utils.data.Sampler):
         data: Sized | int,
         *,
         batch_size: int,
+        topology: Any = None,
         comm: Any = None,
-        shares: str = "static",
+        group: Any = None,
+        shares: str | None = None,
         seed: int = 0,
         epoch: int = 0,
         shuffle: bool = True,
@@ -129,10 +154,22 @@ class ShareSampler(torch.utils.data.Sampler):
         chunk_samples: int | None = None,
         counter: Any = None,
     ) -> None:
+        if topology is not None:
+            if comm is not None or group is not None:
+                raise ValueError("give topology= or comm=/group=, not both")
+            if topology.comms is None or topology.comms.workers is None:
+                raise ValueError(
+                    "topology= needs a worker's topology from hybridagg.init"
+                )
+            comm, group = topology.comms.workers, topology.comms.group
+            if shares is None:
+                shares = "dynamic" if topology.servers else "static"
+        shares = "static" if shares is None else shares
         self.comm = data_comm(comm)
         self.rank = self.comm.rank if self.comm else 0
         self.size = self.comm.size if self.comm else 1
         self.counter: Any = None
+        self.group: Any = None
         err: BaseException | None = None
         mine: tuple = ()
         try:
@@ -194,6 +231,16 @@ class ShareSampler(torch.utils.data.Sampler):
         self.track = DynamicTrack(
             n_windows=-(-self.length // self.chunk), epoch=self.epoch
         )
+        self.group_sizes, self.group_rank = [self.batch_sizes[self.rank]], 0
+        if group is not None:
+            # the group's own duplicate: its broadcasts never meet the
+            # optimizer's reductions on the group's communicator
+            self.group = data_comm(group)
+            self.group_rank = self.group.rank
+            self.group_sizes = [
+                int(b)
+                for b in self.group.allgather(int(batch_size), what="group batch sizes")
+            ]
 
     def _agree(self, err: BaseException | None) -> None:
         if self.comm:
@@ -269,10 +316,7 @@ class ShareSampler(torch.utils.data.Sampler):
             else:
                 if self.counter is None:
                     raise ValueError("this sampler is closed")
-                chunks = _Chunks(order, self.chunk)
-                self.track.start_epoch(epoch)
-                for g, lo, hi in counter_pieces(self.track, chunks, self.counter):
-                    yield from chunks.indices(g, lo, hi).tolist()
+                yield from self._dynamic_pass(_Chunks(order, self.chunk), epoch)
             done = True
         finally:
             self._active = False
@@ -280,12 +324,59 @@ class ShareSampler(torch.utils.data.Sampler):
             if done or self.shares == "dynamic":
                 self.epoch = epoch + 1
 
+    def _draw(self, draws: Iterator | None) -> tuple[int, int, int] | None:
+        """The group's next chunk piece (``None``: the epoch has no more for it).
+
+        The leader draws; with a group of several workers it broadcasts what
+        it drew (collective over the group, in the same order everywhere).
+        """
+        piece = next(draws, None) if draws is not None else None
+        if self.group is not None and self.group.size > 1:
+            piece = self.group.bcast(piece, 0, what="the group's next chunk")
+        return piece
+
+    def _dynamic_pass(self, chunks: _Chunks, epoch: int) -> Iterator[int]:
+        """This worker's indices of a dynamic pass: its part of each round of the group."""
+        draws = None
+        if self.group_rank == 0:
+            self.track.start_epoch(epoch)
+            draws = counter_pieces(self.track, chunks, self.counter)
+        sizes, me = self.group_sizes, self.group_rank
+        round_, lo = sum(sizes), sum(sizes[:me])
+        pending = np.zeros(0, dtype=np.int64)
+        ended = False
+        try:
+            while True:
+                # every worker of the group draws at the same rounds: the
+                # decision depends only on what the group has drawn
+                while len(pending) < round_ and not ended:
+                    piece = self._draw(draws)
+                    if piece is None:
+                        ended = True
+                    else:
+                        pending = np.concatenate([pending, chunks.indices(*piece)])
+                if len(pending) >= round_:
+                    yield from pending[lo : lo + sizes[me]].tolist()
+                    pending = pending[round_:]
+                    continue
+                if len(pending):  # the last round: at least one sample each
+                    last, _ = split_even_steps(len(pending), sizes)
+                    for a, b in last[me]:
+                        yield from pending[a:b].tolist()
+                return
+        finally:
+            if draws is not None:
+                draws.close()
+
     # --- lifetime --------------------------------------------------------------
     def free(self) -> None:
-        """Free the chunk counter and the communicator (collective over the workers)."""
+        """Free the chunk counter and the communicators (collective over the workers)."""
         if self.counter is not None:
             self.counter.free()
             self.counter = None
+        if self.group is not None:
+            self.group.free()
+            self.group = None
         if self.comm is not None:
             self.comm.free()
             self.comm = None
