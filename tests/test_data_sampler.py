@@ -30,9 +30,9 @@ def test_even_steps_cover_every_sample_with_equal_steps_and_bounded_batches():
         total = rng.randint(0, 200)
         shares, steps = split_even_steps(total, sizes)
         # what a DataLoader(batch_size=b_r) makes of each share: the same steps
-        assert [-(-intervals_length(s) // b) for s, b in zip(shares, sizes)] == [
-            steps
-        ] * workers
+        assert [
+            -(-intervals_length(s) // b) for s, b in zip(shares, sizes, strict=True)
+        ] == [steps] * workers
         seen = Counter(p for s in shares for a, b in s for p in range(a, b))
         assert set(seen) == set(range(total))
         twice = sum(c - 1 for c in seen.values())
@@ -42,7 +42,7 @@ def test_even_steps_cover_every_sample_with_equal_steps_and_bounded_batches():
         else:
             assert twice <= workers - rem  # padded like DistributedSampler
         # a last batch never holds more than the worker's batch size
-        for s, b in zip(shares, sizes):
+        for s, b in zip(shares, sizes, strict=True):
             assert intervals_length(s) <= steps * b
 
 
@@ -75,7 +75,7 @@ def drain(samplers, speeds, epochs):
     iters = [None] * len(samplers)
     while True:
         busy = False
-        for r, (s, speed) in enumerate(zip(samplers, speeds)):
+        for r, (s, speed) in enumerate(zip(samplers, speeds, strict=True)):
             if iters[r] is None:
                 if s.epoch >= epochs:
                     continue
