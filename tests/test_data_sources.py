@@ -1,13 +1,15 @@
 """A user's own data: image folders, plain HDF5 files, channels last, given splits.
 
-In the pytest process (no MPI): tiny image folders written with Pillow, tiny
-HDF5 files written with h5py.
+Tiny image folders written with Pillow, tiny HDF5 files written with h5py;
+the converter in the pytest process, the statistics computed by several
+workers and ``hybridagg train --normalize`` under real MPI.
 """
 
 import h5py
 import numpy as np
 import pytest
 import torch
+from train_helpers import output, run_train, summary
 
 from hybridagg import cli
 from hybridagg.data import (
@@ -384,3 +386,61 @@ def test_map_style_dataset_transforms_after_normalising(tmp_path):
     assert torch.equal(b, torch.flip(a, dims=[-1])) and yb == ya + 10
     loader = torch.utils.data.DataLoader(flipped, batch_size=5)
     assert sum(len(yy) for _, yy in loader) == 20
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_workers_compute_the_same_statistics_as_one_process(mpi_tmp_path):
+    from hybridagg.comm import Comm
+
+    comm = Comm(name="test")
+    path = mpi_tmp_path / "raw.h5"
+    if comm.rank == 0 and not path.exists():
+        rng = np.random.default_rng(3)
+        x = (rng.random((3000, 3, 4, 4)) * [[[1]], [[10]], [[100]]]).astype(np.float32)
+        raw_split_file(path, x, np.arange(3000) % 3)
+    comm.barrier(what="file written")
+    mean, std = compute_statistics(path, comm=comm)  # pieces of 16 MiB: few rows
+    alone = compute_statistics(path)
+    np.testing.assert_allclose(mean, alone[0], rtol=1e-6)
+    np.testing.assert_allclose(std, alone[1], rtol=1e-6)
+    same = comm.allgather((mean.tolist(), std.tolist()))
+    assert all(v == same[0] for v in same)  # bit for bit on every worker
+    # a missing file is the same error on every worker
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        compute_statistics(mpi_tmp_path / "nope.h5", comm=comm)
+    comm.free()
+
+
+# ------------------------------------------------------- training from such files
+@pytest.fixture(scope="module")
+def raw_digits(tmp_path_factory):
+    """The digits in train and val groups with no attributes: no statistics."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    path = tmp_path_factory.mktemp("raw") / "raw.h5"
+    cut = 1437
+    with h5py.File(path, "w") as f:
+        for split, rows in (("train", slice(0, cut)), ("val", slice(cut, None))):
+            f[f"{split}/samples"] = d.data[rows].astype(np.float32)
+            f[f"{split}/labels"] = d.target[rows].astype(np.int64)
+    return path
+
+
+def test_train_computes_the_statistics_a_file_lacks(raw_digits, tmp_path):
+    args = ["--data", str(raw_digits), "--epochs", "4", "--no-progress"]
+    refused = run_train(2, args)
+    assert refused.returncode == 2, output(refused)[-2000:]
+    assert "--normalize compute" in refused.stderr
+    out = tmp_path / "s.json"
+    result = run_train(3, [*args, "--normalize", "compute", "--summary", str(out)])
+    assert result.returncode == 0, output(result)[-3000:]
+    assert summary(out)["final_accuracy"] > 0.85  # chance is 0.1
+
+
+def test_train_on_a_plain_file_names_the_conversion(tmp_path):
+    plain_file(tmp_path / "plain.h5")
+    result = run_train(2, ["--data", str(tmp_path / "plain.h5"), "--no-progress"])
+    assert result.returncode == 2, output(result)[-2000:]
+    assert "hybridagg convert --from hdf5" in result.stderr
+    assert result.stderr.count("no split 'train'") == 1  # rank 0 says it, once
