@@ -98,9 +98,10 @@ class ShareSampler(torch.utils.data.Sampler):
     Construction is collective over ``comm``: the workers exchange what they
     were given, and any disagreement (dataset length, seed, shares, ...) is
     the same ``ValueError`` on every worker. Static shares hold nothing after
-    that; dynamic shares hold the counter until :meth:`free` (collective). Use the same ``batch_size`` in
-    this worker's ``DataLoader`` (``drop_last=False`` there: the shares are
-    cut so that every worker takes the same number of steps).
+    that; dynamic shares hold the counter until :meth:`free` (collective).
+    Use the same ``batch_size`` in this worker's ``DataLoader``
+    (``drop_last=False`` there: the shares are cut so that every worker of a
+    reduction takes the same number of steps).
 
     Args:
         data: The dataset (anything with ``len()``) or its length.
@@ -165,6 +166,8 @@ class ShareSampler(torch.utils.data.Sampler):
             if shares is None:
                 shares = "dynamic" if topology.servers else "static"
         shares = "static" if shares is None else shares
+        if group is not None and comm is None:
+            raise ValueError("group= needs comm=, the workers' communicator")
         self.comm = data_comm(comm)
         self.rank = self.comm.rank if self.comm else 0
         self.size = self.comm.size if self.comm else 1
