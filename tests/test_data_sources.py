@@ -232,6 +232,28 @@ def test_channels_last_array_is_transposed_with_statistics_per_channel(tmp_path)
         convert_arrays(np.zeros((4, 5, 6, 7)), np.zeros(4, int), tmp_path / "d.h5")
 
 
+def test_cli_layout_flag(tmp_path, capsys):
+    x = np.zeros((6, 5, 7, 9), np.float32)  # neither channels first nor last
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(6) % 2)
+    argv = ["convert", "--from", "npz", str(tmp_path / "d.npz"), "--quiet"]
+    argv += ["--val-fraction", "0", "--out", str(tmp_path / "d.h5")]
+    assert cli.main(argv) == 2
+    assert "pass --layout nchw" in capsys.readouterr().err
+    assert cli.main([*argv, "--layout", "nhwc"]) == 0
+    assert read_split(tmp_path / "d.h5", "train")[0].shape == (6, 9, 5, 7)
+
+
+def test_labels_as_a_column_or_whole_floats_are_taken(tmp_path):
+    x = np.zeros((4, 3), np.float32)
+    out = convert_arrays(x, np.array([[0.0], [2.0], [1.0], [2.0]]), tmp_path / "a.h5")
+    with h5py.File(out) as f:
+        assert f.attrs["num_classes"] == 3
+    with pytest.raises(TypeError, match="need integers"):
+        convert_arrays(x, np.array([0.5, 1, 2, 0]), tmp_path / "b.h5")
+    with pytest.raises(ValueError, match="label -1 is negative"):
+        convert_arrays(x, np.array([0, -1, 2, 0]), tmp_path / "b.h5")
+
+
 # ---------------------------------------------------------------- plain HDF5 files
 def plain_file(path, n=60, nhwc=True, x_key="x", y_key="y", seed=0, float_labels=False):
     rng = np.random.default_rng(seed)
