@@ -204,7 +204,7 @@ def test_dynamic_shares_keep_the_workers_of_a_group_in_step():
             for b in loader:
                 batches.append(b.tolist())
                 if comm.rank == 0:
-                    time.sleep(0.004)
+                    time.sleep(0.01)
             views = comm.allgather(batches)
             steps = [len(v) for v in views]
             assert steps[1] == steps[2] == steps[3], steps  # the group in step
