@@ -102,7 +102,11 @@ def convert_sources(
         TypeError, ValueError: Sets that do not fit together (shape, dtype),
             labels outside the classes, an empty split.
     """
-    given = [(s, w) for s, w in ((val, "validation data"), (test, "test data")) if s]
+    given = [
+        (s, w)
+        for s, w in ((val, "validation data"), (test, "test data"))
+        if s is not None
+    ]
     for other, what in given:
         _check_beside(train, other, what)
     if class_names is not None and num_classes is None:
