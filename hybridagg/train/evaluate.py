@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import h5py
+import numpy as np
 import torch
 
 from ..data import HDF5Loader
@@ -40,11 +41,13 @@ class Evaluator:
     """Evaluates models on the ``val`` split (the ``train`` split if there is none).
 
     Args:
-        cfg: The data options (``cfg.data``: the HDF5 file).
+        cfg: The data options (``cfg.data``: the HDF5 file; ``cfg.normalize``).
         model: The model to evaluate (unused; kept for the callers' signature).
         device: Where batches go.
         loss: ``--loss``: with ``"mse"`` there is no accuracy (``None``) and
             the loss is the mean squared error per sample.
+        statistics: ``--normalize compute``: the training split's statistics
+            (the validation split is normalised as the training split is).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class Evaluator:
         model: torch.nn.Module,
         device: torch.device,
         loss: str = "cross-entropy",
+        statistics: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.classify = loss != "mse"
         self.loss_fn = loss_function(loss)
@@ -66,7 +70,8 @@ class Evaluator:
             batch_size=max(1, min(512, size)),
             split=split,
             shuffle=False,
-            normalize=True,
+            normalize=cfg.normalize != "none",
+            statistics=statistics,
             prefetch=0,
             device=device,
         )

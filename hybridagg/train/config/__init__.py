@@ -38,6 +38,7 @@ from .heterogeneity import AdaptiveOptions, EmulationOptions
 from .outputs import LOG_LEVELS, CheckpointOptions, EvaluationOptions, OutputOptions
 from .training import (
     LOSSES,
+    NORMALIZE,
     OPTIMIZERS,
     DataOptions,
     LengthOptions,
@@ -50,6 +51,7 @@ __all__ = [
     "CONCERNS",
     "LOG_LEVELS",
     "LOSSES",
+    "NORMALIZE",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
     "WIRE_FORMATS",

@@ -10,6 +10,7 @@ from .fields import Concern, option
 
 __all__ = [
     "LOSSES",
+    "NORMALIZE",
     "OPTIMIZERS",
     "DataOptions",
     "LengthOptions",
@@ -18,6 +19,7 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+NORMALIZE = ("stored", "compute", "none")
 
 LOSSES = ("cross-entropy", "mse")
 """``--loss``: classification on integer labels, or regression on float targets."""
@@ -36,6 +38,11 @@ class DataOptions(Concern):
 
     seed: int = option(0, at_least=0)
     """seed of the model's initial weights and of the order the data is read in"""
+
+    normalize: str = option("stored", choices=NORMALIZE)
+    """how samples are normalised: stored (the per-channel mean and deviation
+    the data file records), compute (computed from the training split at
+    start, for a file that records none), none (samples as stored)"""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ...data import HDF5Loader
+from ...comm import Comm
+from ...data import HDF5Loader, compute_statistics
 from ...data.loader import load_split_info
 from ...optimizer import DistributedOptimizer
 from ...ps.compensation import Compensation
@@ -24,7 +26,13 @@ from ..models import build_model, check_fits, resolve_device
 from ..resume import Resumed
 from ..resume_parts import window_blocks_for
 
-__all__ = ["Local", "make_distributed_optimizer", "make_loader", "set_up_local"]
+__all__ = [
+    "Local",
+    "make_distributed_optimizer",
+    "make_loader",
+    "set_up_local",
+    "training_statistics",
+]
 
 
 @dataclass
@@ -38,6 +46,8 @@ class Local:
     """Rank 0's, ``None`` elsewhere."""
     window_blocks: int
     """Blocks per loader window (the shuffle buffer and the dynamic chunk)."""
+    statistics: tuple[np.ndarray, np.ndarray] | None = None
+    """``--normalize compute``: the statistics computed at start (else ``None``)."""
     part: dict | None = None
     """This rank's part of the checkpoint resumed from (made for it if it had none)."""
     done_already: bool = False
@@ -58,7 +68,16 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
             not fit the data), data file or checkpoint.
     """
     torch.manual_seed(cfg.seed)
+    # first: collective over the workers, and no worker fails before it
+    statistics = training_statistics(cfg, topo.comms.workers if topo.comms else None)
     info = load_split_info([cfg.data], "train")[0]
+    if cfg.normalize == "stored" and info.norm_mean is None:
+        raise ValueError(
+            f"--normalize stored: data file {cfg.data} records no normalisation "
+            "statistics (norm_mean, norm_std); pass --normalize compute (computed "
+            "from the training split at start) or --normalize none, or write the "
+            "file with 'hybridagg convert'"
+        )
     window_blocks = window_blocks_for(info.length, info.block_samples, topo.num_workers)
     if resumed is not None:
         # the saved positions refer to the old run's sample order; a
@@ -74,8 +93,12 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
     check_fits(model, info.sample_shape, info.num_classes, cfg.model, device, cfg.loss)
     optimizer = make_optimizer(cfg, model)
-    evaluator = Evaluator(cfg, model, device, loss=cfg.loss) if topo.rank == 0 else None
-    local = Local(model, optimizer, device, evaluator, window_blocks)
+    evaluator = (
+        Evaluator(cfg, model, device, loss=cfg.loss, statistics=statistics)
+        if topo.rank == 0
+        else None
+    )
+    local = Local(model, optimizer, device, evaluator, window_blocks, statistics)
     if resumed is None:
         return local
     local.part = resumed.part
@@ -95,6 +118,22 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
     else:
         seed_rng(int(local.part["rng_seed"]))
     return local
+
+
+def training_statistics(
+    cfg: TrainConfig, workers: Comm | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``--normalize compute``: the training split's statistics, else ``None``.
+
+    Collective over ``workers`` (each reads its part of the split, see
+    :func:`~hybridagg.data.compute_statistics`); every worker gets the same.
+
+    Raises:
+        ValueError, TypeError, OSError: A bad data file (on every worker).
+    """
+    if cfg.normalize != "compute":
+        return None
+    return compute_statistics(cfg.data, "train", comm=workers)
 
 
 def make_loader(
@@ -123,7 +162,8 @@ def make_loader(
         shares="static" if cfg.mode == "sync" else "dynamic",
         seed=cfg.seed,
         window_blocks=local.window_blocks,
-        normalize=True,
+        normalize=cfg.normalize != "none",
+        statistics=local.statistics,
         device=local.device,
         **(
             {"chunk_counter": chunk_counter, "driver": "posix"}

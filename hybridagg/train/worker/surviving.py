@@ -153,7 +153,11 @@ class SurvivingWorker:
         role = self.role
         if role.validation.evaluator is None:
             role.validation.evaluator = Evaluator(
-                role.cfg, role.model, local.device, loss=role.cfg.loss
+                role.cfg,
+                role.model,
+                local.device,
+                loss=role.cfg.loss,
+                statistics=local.statistics,
             )
         role.validation.maybe_run(final=True)
 
