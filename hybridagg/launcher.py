@@ -31,6 +31,7 @@ from pathlib import Path
 from .cluster import ClusterError, ClusterSpec, read_state
 from .cluster import load as load_cluster
 from .cluster.plan import mpiexec_args as cluster_mpiexec_args
+from .modes import MODES, check_mode
 from .runtime import envvars, runner
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "offers_pmix",
     "parse_options",
     "plan_launch",
+    "script_vars",
     "srun_plan",
 ]
 
@@ -82,7 +84,13 @@ _EPILOG = """\
 Groups reach the program (heterogeneous allocations only) as: {groups} and
 {servers} in ARGS replaced by the spec ("slurm") and the server count; or,
 when CMD runs `hybridagg train` (also behind a wrapper such as numactl)
-without --groups, "--groups slurm [--servers K]" appended to it."""
+without --groups, "--groups slurm [--servers K]" appended to it; or, for
+any other program (a Horovod-style script, `import hybridagg.torch as hvd`),
+as HYBRIDAGG_GROUPS=slurm, and with --servers-from HYBRIDAGG_SERVERS=K and
+HYBRIDAGG_MODE=hybrid, unless set.
+--mode, --groups and --servers set HYBRIDAGG_MODE, HYBRIDAGG_GROUPS and
+HYBRIDAGG_SERVERS for a Horovod-style script (hybridagg train takes its own
+flags instead)."""
 
 _POSITIVE = re.compile(r"[1-9][0-9]*")
 _INDEX = re.compile(r"[0-9]+")
@@ -127,6 +135,9 @@ class Options:
             allocation by :func:`het_groups`).
         dry_run: Print the plan instead of running it.
         cluster: ``--cluster``: the emulated cluster's description.
+        mode: ``--mode``: ``HYBRIDAGG_MODE`` for a Horovod-style script.
+        groups: ``--groups``: ``HYBRIDAGG_GROUPS`` for it.
+        servers: ``--servers``: ``HYBRIDAGG_SERVERS`` for it.
     """
 
     command: tuple[str, ...]
@@ -137,6 +148,9 @@ class Options:
     servers_from: str | None = None
     dry_run: bool = False
     cluster: ClusterSpec | None = None
+    mode: str | None = None
+    groups: str | None = None
+    servers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +329,25 @@ def build_parser() -> argparse.ArgumentParser:
         "parameter servers",
     )
     parser.add_argument(
+        "--mode",
+        action=_Value,
+        metavar="M",
+        help="a Horovod-style script's mode: sync, hybrid or async  "
+        "[HYBRIDAGG_MODE, sync]",
+    )
+    parser.add_argument(
+        "--groups",
+        action=_Value,
+        metavar="SPEC",
+        help="its groups of workers, as hybridagg train --groups  [HYBRIDAGG_GROUPS]",
+    )
+    parser.add_argument(
+        "--servers",
+        action=_Value,
+        metavar="K",
+        help="its parameter servers, the last K ranks  [HYBRIDAGG_SERVERS]",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the command, with the variables it sets, and exit",
@@ -382,6 +415,12 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     srun_mpi = ns.mpi
     if srun_mpi is None:
         srun_mpi = envvars.get_str("HYBRIDAGG_SRUN_MPI", environ)
+    if ns.mode is not None and ns.mode not in MODES:
+        raise LaunchError(f"--mode must be one of {', '.join(MODES)}, got '{ns.mode}'")
+    if ns.servers is not None and not _INDEX.fullmatch(ns.servers):
+        raise LaunchError(f"--servers needs a count (0 or more), got '{ns.servers}'")
+    if ns.groups is not None and not ns.groups.strip():
+        raise LaunchError("--groups needs a groups spec")
     return Options(
         command=tuple(command),
         nranks=int(nranks) if nranks is not None else None,
@@ -391,6 +430,9 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
         servers_from=ns.servers_from or None,
         dry_run=ns.dry_run,
         cluster=cluster,
+        mode=ns.mode,
+        groups=ns.groups,
+        servers=int(ns.servers) if ns.servers is not None else None,
     )
 
 
@@ -562,6 +604,70 @@ def hand_groups(
     return out
 
 
+_SCRIPT_VARS = ("HYBRIDAGG_MODE", "HYBRIDAGG_GROUPS", "HYBRIDAGG_SERVERS")
+
+
+def script_vars(
+    options: Options,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    groups: HetGroups | None = None,
+) -> dict[str, str]:
+    """The variables a Horovod-style script's ``hybridagg.torch.init()`` reads.
+
+    From ``--mode``, ``--groups`` and ``--servers``; in a heterogeneous
+    allocation, for a program that is not ``hybridagg train`` and has no
+    ``{groups}`` placeholder, also the allocation's groups (``slurm``) and,
+    with ``--servers-from``, its servers and ``hybrid`` mode, each unless
+    the flag or the environment already sets it.
+
+    Raises:
+        LaunchError: The flags with ``hybridagg train`` (it has its own), or
+            a mode that does not fit the servers or groups.
+    """
+    given = {
+        name: str(value)
+        for name, value in zip(
+            _SCRIPT_VARS, (options.mode, options.groups, options.servers), strict=True
+        )
+        if value is not None
+    }
+    is_train = _train_at(command) is not None
+    if given and is_train:
+        raise LaunchError(
+            "--mode, --groups and --servers of hybridagg-run configure a "
+            "Horovod-style script (import hybridagg.torch as hvd); hybridagg "
+            "train takes them as its own flags: put them after 'train'"
+        )
+    placeholders = any("{groups}" in w or "{servers}" in w for w in command)
+    if groups is not None and not is_train and not placeholders:
+        mode = given.get("HYBRIDAGG_MODE") or envvars.get_str("HYBRIDAGG_MODE", environ)
+        # (async mode is a group per worker: the components are not groups)
+        defaults = {} if mode == "async" else {"HYBRIDAGG_GROUPS": groups.spec}
+        if options.servers_from is not None:
+            defaults["HYBRIDAGG_SERVERS"] = str(groups.servers)
+            defaults["HYBRIDAGG_MODE"] = "hybrid"
+        for name, value in defaults.items():
+            if name not in given and not envvars.get_str(name, environ):
+                given[name] = value
+    if given:
+        final = {n: given.get(n) or envvars.get_str(n, environ) for n in _SCRIPT_VARS}
+        mode = final["HYBRIDAGG_MODE"] or "sync"
+        spec = final["HYBRIDAGG_GROUPS"]
+        try:
+            servers = envvars.get_int("HYBRIDAGG_SERVERS", final)
+            check_mode(
+                mode,
+                servers=servers,
+                singleton_groups=None if spec in (None, "each") else False,
+                groups=f"--groups {spec}",
+                cli=True,
+            )
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+    return given
+
+
 def offers_pmix(mpi_list: str) -> bool:
     """Whether ``srun --mpi=list``'s output names the ``pmix`` plugin."""
     return _PMIX.search(mpi_list) is not None
@@ -727,6 +833,7 @@ def plan_launch(
         launcher=launcher,
     )
     command = list(options.command)
+    extra = script_vars(options, command, environ, groups)
     if groups is not None:
         command = hand_groups(
             command, groups, with_servers=options.servers_from is not None
@@ -741,12 +848,14 @@ def plan_launch(
         mpi = options.srun_mpi
         if mpi is None and offers_pmix(probes.srun_mpi_list()):
             mpi = "pmix"
-        return srun_plan(
+        plan = srun_plan(
             command,
             mpi=mpi,
             nranks=options.nranks,
             components=groups.components if groups is not None else None,
         )
+        # (srun exports the whole environment: --export=ALL is its default)
+        return Plan(plan.argv, {**plan.env, **extra})
 
     mpiexec = find_mpiexec(environ, probes)
     nranks = str(options.nranks) if options.nranks is not None else None
@@ -764,15 +873,24 @@ def plan_launch(
         )
     info = runner.identify_mpiexec(mpiexec, probes.mpiexec_version(mpiexec))
     if options.cluster is not None:
-        return cluster_plan(options, info, environ, probes)
-    return mpiexec_plan(
-        info,
-        command,
-        environ,
-        nranks=nranks,
-        hostfile=options.hostfile,
-        euid=probes.euid,
-    )
+        plan = cluster_plan(options, info, environ, probes)
+    else:
+        plan = mpiexec_plan(
+            info,
+            command,
+            environ,
+            nranks=nranks,
+            hostfile=options.hostfile,
+            euid=probes.euid,
+        )
+    if not extra:
+        return plan
+    argv = list(plan.argv)
+    if info.flavor == "openmpi":
+        # Open MPI passes a variable to ranks on other hosts only when named
+        # (Hydra and srun pass the whole environment)
+        argv[1:1] = [word for name in extra for word in ("-x", name)]
+    return Plan(tuple(argv), {**plan.env, **extra})
 
 
 def cluster_plan(

@@ -43,7 +43,9 @@ __all__ = [
     "Comms",
     "RankInfo",
     "Topology",
+    "current_topology",
     "default_topology",
+    "forget_topology",
     "init",
     "parse_group_spec",
     "plan",
@@ -511,7 +513,10 @@ def init(
     Collective over ``comm``. Every rank must pass the same ``groups`` and
     ``servers``; a bad or disagreeing spec raises the same ``ValueError`` on
     every rank. Installs the abort-on-unhandled-error hook and sets one
-    compute thread per rank (see :mod:`hybridagg.comm`). On a CUDA machine,
+    compute thread per rank (see :mod:`hybridagg.comm`). Shows hybridagg's
+    log messages on stderr, rank-tagged, rank 0's only, at
+    ``HYBRIDAGG_LOG_LEVEL`` (:mod:`hybridagg.runtime.logs`; a script that
+    configured ``logging`` itself keeps its own handlers). On a CUDA machine,
     binds each rank to GPU ``local_rank % device_count``.
 
     Args:
@@ -530,7 +535,7 @@ def init(
     from mpi4py import MPI
 
     from .comm import Comm, configure_threads, install_abort_hook
-    from .runtime import envvars
+    from .runtime import envvars, logs
 
     install_abort_hook()
     configure_threads(num_threads)
@@ -544,6 +549,8 @@ def init(
             )
         if isinstance(servers, bool) or not isinstance(servers, int):
             raise TypeError(f"servers must be an int, got {type(servers).__name__}")
+        # rank-tagged log messages, rank 0's (HYBRIDAGG_LOG_LEVEL, _RANKS)
+        logs.configure(world.rank, force=False)
         if slowdown is None:
             slowdown = envvars.get_str("HYBRIDAGG_SLOWDOWN")
         schedule = (
@@ -588,7 +595,8 @@ def init(
     comms = Comms(world=world, workers=workers, group=group, leaders=leaders, node=node)
     if torch.cuda.is_available() and topo.is_worker:
         torch.cuda.set_device(topo.local_rank % torch.cuda.device_count())
-    return Topology(
+    global _CURRENT
+    _CURRENT = Topology(
         world_size=topo.world_size,
         groups=topo.groups,
         servers=topo.servers,
@@ -597,6 +605,16 @@ def init(
         policy=topo.policy,
         comms=comms,
     )
+    return _CURRENT
+
+
+# The topology the last init() of this process formed. Library calls made
+# without topology= (Horovod's habit: hvd.broadcast_parameters(...) names no
+# communicator) use it: a second init() there would be collective over the
+# whole world, which the servers, serving, never join, so the workers hung
+# until the timeout (issue 23). Explicit topologies are still the rule
+# inside hybridagg; this is only the default of the public calls.
+_CURRENT: Topology | None = None
 
 
 def _slurm_component() -> int | None:
@@ -605,14 +623,37 @@ def _slurm_component() -> int | None:
     return slurm_het_component()
 
 
+def current_topology() -> Topology | None:
+    """The topology the last :func:`init` of this process formed (``None``:
+    none, or its communicators were freed since)."""
+    from mpi4py import MPI
+
+    topo = _CURRENT
+    if topo is None or topo.comms is None or topo.comms.world.mpi == MPI.COMM_NULL:
+        return None
+    return topo
+
+
+def forget_topology(topology: Topology | None = None) -> None:
+    """Stop using ``topology`` (default: the current one) as the default.
+
+    Call it before freeing its communicators; the next call without
+    ``topology=`` then initialises again.
+    """
+    global _CURRENT
+    if topology is None or topology is _CURRENT:
+        _CURRENT = None
+
+
 def default_topology(topology: Topology | None) -> Topology:
-    """``topology`` as given, or :func:`init` of ``COMM_WORLD`` when ``None``.
+    """``topology`` as given; when ``None``, the one :func:`init` already formed
+    in this process, else :func:`init` of ``COMM_WORLD`` (collective).
 
     Raises:
         TypeError: ``topology`` did not come from :func:`init`.
     """
     if topology is None:
-        return init()
+        return current_topology() or init()
     if not isinstance(topology, Topology) or topology.comms is None:
         raise TypeError("topology must come from hybridagg.init(...)")
     return topology

@@ -287,7 +287,9 @@ def test_misuse_is_an_error_on_every_rank(mpi_ranks, last_bucket, monkeypatch):
     torch.nn.functional.mse_loss(model(x), y).backward()
     if topo.rank == last:
         torch.nn.functional.mse_loss(model(x), y).backward()
-    with pytest.raises(MisuseError, match=rf"\[rank {last}\] backward\(\) ran twice"):
+    with pytest.raises(
+        MisuseError, match=rf"\[rank {last}\] backward\(\) ran more often"
+    ):
         opt.step()
     # after the errors the optimizer still works
     opt.zero_grad()
@@ -421,12 +423,12 @@ def test_horovod_style_primitives(mpi_ranks):
 
     topo = hybridagg.init()
     t = torch.full((10,), float(topo.rank))
-    hybridagg.allreduce(t, topo)
+    hybridagg.allreduce_(t, topo)
     assert torch.all(t == sum(range(mpi_ranks)) / mpi_ranks)
     h = hybridagg.allreduce_async_(torch.ones(3), topo, op="sum")
     assert torch.all(hybridagg.synchronize(h) == mpi_ranks)
     b = torch.full((4,), float(topo.rank))
-    hybridagg.broadcast(b, mpi_ranks - 1, topo)
+    hybridagg.broadcast_(b, mpi_ranks - 1, topo)
     assert torch.all(b == mpi_ranks - 1)
     with pytest.raises(ValueError, match="op must be one of"):
         hybridagg.allreduce(t, topo, op="prod")

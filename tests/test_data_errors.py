@@ -87,9 +87,9 @@ def make_bad(kind, tmp):
     if kind == "non-numeric":
         raw_file(p, samples=np.array([b"a", b"b"]), labels=np.zeros(2, int))
         return p, TypeError, "'train/samples' has dtype |S1; samples must be numeric"
-    if kind == "float-labels":
-        raw_file(p, samples=np.zeros((2, 2)), labels=np.zeros(2))
-        return p, TypeError, "'train/labels' has dtype float64; labels must be integers"
+    if kind == "text-labels":  # (float labels are regression targets: --loss mse)
+        raw_file(p, samples=np.zeros((2, 2)), labels=np.array([b"a", b"b"]))
+        return p, TypeError, "'train/labels' has dtype |S1; labels must be integers"
     if kind == "empty-split":
         raw_file(p, samples=np.zeros((0, 2)), labels=np.zeros(0, int))
         return p, ValueError, r"split 'train' \('train/samples'\) is empty"
@@ -117,7 +117,7 @@ KINDS = [
     "label-range",
     "negative-label",
     "non-numeric",
-    "float-labels",
+    "text-labels",
     "empty-split",
     "share-too-large",
 ]

@@ -189,6 +189,23 @@ def test_mpiexec_from_the_environment_wins(bin_dir, tmp_path):
         (["--bogus", "a.out"], {}, "unknown option --bogus"),
         (["--launcher", "srun", "-n", "2", "a.out"], {}, "needs a Slurm allocation"),
         (["--servers-from", "2", "-n", "2", "a.out"], {}, "heterogeneous Slurm"),
+        (["--mode", "fast", "-n", "2", "a.out"], {}, "--mode must be one of"),
+        (["--servers", "two", "-n", "2", "a.out"], {}, "--servers needs a count"),
+        (
+            ["--servers", "1", "-n", "2", "a.out"],
+            {},
+            "--mode sync uses no parameter servers",
+        ),
+        (
+            ["--mode", "hybrid", "--servers", "0", "-n", "2", "a.out"],
+            {},
+            "--mode hybrid needs --servers 1 or more",
+        ),
+        (
+            ["--mode", "hybrid", "-n", "3", "hybridagg", "train", "--data", "d.h5"],
+            {},
+            "put them after 'train'",
+        ),
         (
             ["-n", "2", "a.out"],
             {"HYBRIDAGG_MPIEXEC": "/nonexistent/mpiexec"},
@@ -215,6 +232,34 @@ def test_unknown_launcher_with_a_hostfile_is_refused(bin_dir, tmp_path):
         "2",
         "a.out",
     ]
+
+
+def test_script_mode_reaches_every_rank(bin_dir):
+    """--mode/--groups/--servers become the variables hybridagg.torch.init()
+    reads; Open MPI passes them to other hosts only when named with -x."""
+    mpiexec = fake_mpiexec(bin_dir, OPEN_MPI_5)
+    args = ["--mode", "hybrid", "--groups", "0-1,2", "--servers", "1", "-n", "4"]
+    words = dry(bin_dir, [*args, "python", "train.py"])
+    at = words.index(mpiexec)
+    assert {
+        "HYBRIDAGG_MODE=hybrid",
+        "HYBRIDAGG_GROUPS=0-1,2",
+        "HYBRIDAGG_SERVERS=1",
+    } <= set(words[:at])
+    assert words[at + 1 : at + 7] == [
+        "-x",
+        "HYBRIDAGG_MODE",
+        "-x",
+        "HYBRIDAGG_GROUPS",
+        "-x",
+        "HYBRIDAGG_SERVERS",
+    ]
+    assert words[-2:] == ["python", "train.py"]
+    # Hydra passes the whole environment
+    (bin_dir / "mpiexec").unlink()
+    fake_mpiexec(bin_dir, HYDRA)
+    words = dry(bin_dir, ["--mode", "async", "-n", "3", "python", "train.py"])
+    assert words == ["HYBRIDAGG_MODE=async", mpiexec, "-n", "3", "python", "train.py"]
 
 
 # ---------------------------------------------------------- plain allocation
@@ -334,9 +379,23 @@ def test_het_job_without_server_component_and_async_mode(bin_dir):
     )
     assert segments(words)[0][-4:] == ["--mode", "async", "--servers", "1"]
     assert "--groups" not in words
-    # a program that is not hybridagg train is left alone
+    # a program that is not hybridagg train keeps its arguments, and gets the
+    # groups as the variables a Horovod-style script (hybridagg.torch) reads
     words = dry(bin_dir, ["--servers-from", "2", "python", "x.py"], HET_ALLOCATION)
-    assert segments(words)[0][-2:] == ["python", "x.py"]
+    at = words.index("srun")
+    assert sorted(words[:at]) == [
+        "HYBRIDAGG_GROUPS=slurm",
+        "HYBRIDAGG_MODE=hybrid",
+        "HYBRIDAGG_SERVERS=1",
+    ]
+    assert segments(words[at:])[0][-2:] == ["python", "x.py"]
+    # what the environment or the flags say stays; async has no groups
+    words = dry(
+        bin_dir, ["python", "x.py"], {**HET_ALLOCATION, "HYBRIDAGG_MODE": "async"}
+    )
+    assert words[0] == "srun"
+    words = dry(bin_dir, ["--groups", "0-1,2", "python", "x.py"], HET_ALLOCATION)
+    assert words[: words.index("srun")] == ["HYBRIDAGG_GROUPS=0-1,2"]
 
 
 @pytest.mark.parametrize(

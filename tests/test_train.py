@@ -123,7 +123,7 @@ def test_user_factory_and_bad_names(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert build_model("mymodels:tiny", (4,), 2)(torch.randn(1, 4)).shape == (1, 2)
-    with pytest.raises(ValueError, match="not a Module"):
+    with pytest.raises(TypeError, match=r"not a torch\.nn\.Module"):
         build_model("mymodels:notamodel", (4,), 2)
     with pytest.raises(ValueError, match="cannot be loaded"):
         build_model("mymodels:missing", (4,), 2)

@@ -108,15 +108,29 @@ def _check_finite(x: np.ndarray, source: str) -> None:
 
 
 def _create_split(
-    f: h5py.File, name: str, n: int, shape: tuple, dtype: np.dtype, block: int
+    f: h5py.File,
+    name: str,
+    n: int,
+    shape: tuple,
+    dtype: np.dtype,
+    block: int,
+    target_shape: tuple | None = None,
 ) -> tuple[h5py.Dataset, h5py.Dataset]:
+    """A split's datasets; ``target_shape``: float32 targets of that shape, not classes."""
     g = f.create_group(name)
     xs = g.create_dataset(
         "samples", shape=(n, *shape), dtype=dtype, chunks=(min(block, n), *shape)
     )
-    ys = g.create_dataset(
-        "labels", shape=(n,), dtype=np.int64, chunks=(min(max(block, 4096), n),)
-    )
+    ychunk = min(max(block, 4096), n)
+    if target_shape is None:
+        ys = g.create_dataset("labels", shape=(n,), dtype=np.int64, chunks=(ychunk,))
+    else:
+        ys = g.create_dataset(
+            "labels",
+            shape=(n, *target_shape),
+            dtype=np.float32,
+            chunks=(ychunk, *target_shape),
+        )
     return xs, ys
 
 
@@ -173,8 +187,13 @@ def _write(
     source: str,
     block_samples: int | None,
     progress: bool,
+    target_shape: tuple | None = None,
 ) -> Path:
-    """Write ``n`` rows produced by ``rows(indices)`` into train/val splits."""
+    """Write ``n`` rows produced by ``rows(indices)`` into train/val splits.
+
+    ``target_shape``: the labels are float32 regression targets of that shape
+    per sample (``num_classes`` is then their width), not int64 classes.
+    """
     out = Path(out)
     if out.is_dir():
         raise ValueError(f"output {out} is a directory; give a file name like data.h5")
@@ -197,7 +216,9 @@ def _write(
             for name, idx in (("train", train_idx), ("val", val_idx)):
                 if len(idx) == 0:
                     continue
-                xs, ys = _create_split(f, name, len(idx), shape, dtype, block)
+                xs, ys = _create_split(
+                    f, name, len(idx), shape, dtype, block, target_shape
+                )
                 for lo in range(0, len(idx), step):
                     x, y = rows(idx[lo : lo + step])
                     xs[lo : lo + len(x)] = x
@@ -247,12 +268,15 @@ def convert_arrays(
     block_samples: int | None = None,
     progress: bool = False,
     allow_nonfinite: bool = False,
+    targets: str = "classes",
 ) -> Path:
     """Write in-memory (or memory-mapped) arrays as a hybridagg data file.
 
     Args:
         x: Samples, ``(N, *shape)``, numeric.
-        y: Integer labels, ``(N,)``.
+        y: Integer labels, ``(N,)``; with ``targets="float"`` regression
+            targets, ``(N,)`` or ``(N, k)``, stored as float32 (train with
+            ``--loss mse``).
         out: Output file (written to ``out.partial`` first, then renamed).
         num_classes: Default ``max(y) + 1``.
         val_fraction: Fraction of samples in the validation split.
@@ -262,6 +286,7 @@ def convert_arrays(
         progress: Show a progress bar.
         allow_nonfinite: Keep samples holding NaN or infinite values
             (refused by default: they make the training loss non-finite).
+        targets: ``"classes"`` (integer labels) or ``"float"`` (regression).
 
     Raises:
         TypeError: Samples are not numeric or labels not integers.
@@ -269,6 +294,21 @@ def convert_arrays(
             would be empty, a sample is not finite (without
             ``allow_nonfinite``; the message names the first).
     """
+    if targets == "float":
+        return _convert_targets(
+            x,
+            y,
+            out,
+            num_classes=num_classes,
+            val_fraction=val_fraction,
+            seed=seed,
+            source=source,
+            block_samples=block_samples,
+            progress=progress,
+            allow_nonfinite=allow_nonfinite,
+        )
+    if targets != "classes":
+        raise ValueError(f"targets must be 'classes' or 'float', got {targets!r}")
     _check_arrays(x, y, source)
     if not allow_nonfinite:
         _check_finite(x, source)
@@ -291,6 +331,52 @@ def convert_arrays(
         source=source,
         block_samples=block_samples,
         progress=progress,
+    )
+
+
+def _convert_targets(
+    x: np.ndarray,
+    y: np.ndarray,
+    out: str | os.PathLike,
+    *,
+    num_classes: int | None,
+    source: str,
+    allow_nonfinite: bool,
+    **kw,
+) -> Path:
+    """:func:`convert_arrays` for float regression targets ``(N,)`` or ``(N, k)``."""
+    if num_classes is not None:
+        raise ValueError("--classes does not apply to float targets")
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"{source}: samples have dtype {x.dtype}; need numbers")
+    y = np.asarray(y)
+    if y.dtype.kind not in "biuf":
+        raise TypeError(f"{source}: targets have dtype {y.dtype}; need numbers")
+    if x.ndim < 1 or y.ndim not in (1, 2):
+        raise ValueError(
+            f"{source}: samples need a sample axis and float targets must be "
+            f"(N,) or (N, k), got shapes {x.shape} and {y.shape}"
+        )
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"{source}: {len(x)} samples but {len(y)} targets")
+    y = y.astype(np.float32)
+    bad = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+    if bad.any():  # (a target is never allowed to be: the loss would be NaN)
+        raise ValueError(
+            f"{source}: target {int(np.flatnonzero(bad)[0])} is not finite"
+        )
+    if not allow_nonfinite:
+        _check_finite(x, source)
+    return _write(
+        out,
+        len(x),
+        tuple(x.shape[1:]),
+        x.dtype,
+        lambda idx: (np.asarray(x[idx]), y[idx]),
+        num_classes=1 if y.ndim == 1 else y.shape[1],
+        source=source,
+        target_shape=tuple(y.shape[1:]),
+        **kw,
     )
 
 

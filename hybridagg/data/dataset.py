@@ -63,7 +63,7 @@ class HDF5Dataset(torch.utils.data.Dataset):
             self._handle = (os.getpid(), f, f[self.info.samples_key])
         return self._handle[2]
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor]:
         n = self.info.length
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for {n} samples in {self.path}")
@@ -71,6 +71,8 @@ class HDF5Dataset(torch.utils.data.Dataset):
         x = torch.from_numpy(np.asarray(self._dset()[i]))
         if self.normalize:
             x = self._norm(x)
+        if self.info.regression:  # float targets: a tensor, as a batch holds them
+            return x, torch.from_numpy(np.array(self.info.labels[i]))
         return x, int(self.info.labels[i])
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,9 @@ One HDF5 file (or several with the same layout) holds one group per split::
     /train/samples          (N, *sample_shape), numeric, chunks of
                             (block_samples, *sample_shape): one chunk is one
                             block, the unit of shuffling and of reading
-    /train/labels           (N,), int64, values in [0, num_classes)
+    /train/labels           (N,), int64, values in [0, num_classes); or, for
+                            regression, float targets (N,) or (N, k), and
+                            num_classes is then k (1 for (N,))
     /val/samples, /val/labels   the same for the validation split
 
 The dataset names (``samples``/``labels``) are configurable, so files written
@@ -61,11 +63,13 @@ class SplitInfo:
         length: Number of samples.
         sample_shape: Shape of one sample.
         dtype: Sample dtype.
-        num_classes: Declared (or inferred) number of classes.
+        num_classes: Declared (or inferred) number of classes; with float
+            targets the number of values per target.
         block_samples: Samples per block (the shuffle and read unit).
         norm_mean: Per-channel (or scalar) mean recorded by the converter.
         norm_std: Per-channel (or scalar) standard deviation.
-        labels: All labels of the split, loaded at validation (int64).
+        labels: All labels of the split, loaded at validation (int64
+            classes, or float32 targets).
     """
 
     path: str
@@ -86,9 +90,14 @@ class SplitInfo:
         """Bytes of one sample."""
         return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def regression(self) -> bool:
+        """Whether the labels are float targets (regression), not classes."""
+        return self.labels.dtype.kind == "f"
+
     def layout(self) -> tuple:
         """What must agree between files of one data set and between ranks."""
-        return (self.sample_shape, self.dtype.str, self.num_classes)
+        return (self.sample_shape, self.dtype.str, self.num_classes, self.regression)
 
 
 def block_samples_for(sample_bytes: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
@@ -204,6 +213,81 @@ def _read_checked(dset: h5py.Dataset, path: str, key: str, sel: Any) -> np.ndarr
         ) from None
 
 
+def _split_info(
+    f: h5py.File,
+    path: str,
+    split: str,
+    samples: h5py.Dataset,
+    skey: str,
+    lkey: str,
+    num_classes: int,
+    labels: np.ndarray,
+) -> SplitInfo:
+    """The :class:`SplitInfo` of a checked split."""
+    block = _attr(f, "block_samples")
+    if block is None:
+        chunks = samples.chunks
+        block = (
+            chunks[0]
+            if chunks
+            else block_samples_for(
+                int(np.prod(samples.shape[1:], dtype=np.int64)) * samples.dtype.itemsize
+            )
+        )
+    mean, std = _attr(f, "norm_mean"), _attr(f, "norm_std")
+    return SplitInfo(
+        path=path,
+        split=split,
+        samples_key=skey,
+        labels_key=lkey,
+        length=int(samples.shape[0]),
+        sample_shape=tuple(int(s) for s in samples.shape[1:]),
+        dtype=np.dtype(samples.dtype),
+        num_classes=num_classes,
+        block_samples=max(1, int(block)),
+        norm_mean=None if mean is None else np.asarray(mean, dtype=np.float32),
+        norm_std=None if std is None else np.asarray(std, dtype=np.float32),
+        labels=labels,
+    )
+
+
+def _regression_split(
+    f: h5py.File,
+    split: str,
+    samples: h5py.Dataset,
+    labels: h5py.Dataset,
+    skey: str,
+    lkey: str,
+    path: str,
+) -> SplitInfo:
+    """Check a split whose labels are float targets ``(N,)`` or ``(N, k)``."""
+    if samples.ndim < 1 or labels.ndim not in (1, 2):
+        raise ValueError(
+            f"data file {path}: dataset '{skey}' must have a sample axis and the "
+            f"float targets '{lkey}' must be (N,) or (N, k); got shapes "
+            f"{samples.shape} and {labels.shape}"
+        )
+    n = int(samples.shape[0])
+    if int(labels.shape[0]) != n:
+        raise ValueError(
+            f"data file {path}: dataset '{skey}' has {n} samples but "
+            f"'{lkey}' has {labels.shape[0]} targets"
+        )
+    if n == 0:
+        raise ValueError(f"data file {path}: split '{split}' ('{skey}') is empty")
+    y = _read_checked(labels, path, lkey, slice(None)).astype(np.float32, copy=False)
+    _read_checked(samples, path, skey, slice(0, 1))
+    _read_checked(samples, path, skey, slice(n - 1, n))
+    bad = ~np.isfinite(y.reshape(n, -1)).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"data file {path}: dataset '{lkey}' has a non-finite target at index {i}"
+        )
+    width = 1 if labels.ndim == 1 else int(labels.shape[1])
+    return _split_info(f, path, split, samples, skey, lkey, width, y)
+
+
 def inspect_split(
     f: h5py.File,
     split: str,
@@ -229,7 +313,8 @@ def inspect_split(
     Raises:
         ValueError: A dataset is missing, the lengths differ, the split is
             empty, a label is outside ``[0, num_classes)``, or a read fails.
-        TypeError: Samples are not numeric or labels are not integers.
+        TypeError: Samples are not numeric or labels are neither integers
+            nor floats.
     """
     path = path or f.filename
     skey, lkey = f"{split}/{samples_key}", f"{split}/{labels_key}"
@@ -244,10 +329,13 @@ def inspect_split(
             f"data file {path}: dataset '{skey}' has dtype {samples.dtype}; "
             "samples must be numeric (bool, int, uint or float)"
         )
+    if labels.dtype.kind == "f":
+        # float targets: a regression (--loss mse)
+        return _regression_split(f, split, samples, labels, skey, lkey, path)
     if labels.dtype.kind not in "iu":
         raise TypeError(
             f"data file {path}: dataset '{lkey}' has dtype {labels.dtype}; "
-            "labels must be integers"
+            "labels must be integers (classes) or floats (regression targets)"
         )
     if samples.ndim < 1 or labels.ndim != 1:
         raise ValueError(
@@ -281,28 +369,4 @@ def inspect_split(
             f"data file {path}: dataset '{lkey}' has label {int(y[i])} at index "
             f"{i}, outside the {classes} declared classes [0, {classes})"
         )
-    block = _attr(f, "block_samples")
-    if block is None:
-        chunks = samples.chunks
-        block = (
-            chunks[0]
-            if chunks
-            else block_samples_for(
-                int(np.prod(samples.shape[1:], dtype=np.int64)) * samples.dtype.itemsize
-            )
-        )
-    mean, std = _attr(f, "norm_mean"), _attr(f, "norm_std")
-    return SplitInfo(
-        path=path,
-        split=split,
-        samples_key=skey,
-        labels_key=lkey,
-        length=n,
-        sample_shape=tuple(int(s) for s in samples.shape[1:]),
-        dtype=np.dtype(samples.dtype),
-        num_classes=classes,
-        block_samples=max(1, int(block)),
-        norm_mean=None if mean is None else np.asarray(mean, dtype=np.float32),
-        norm_std=None if std is None else np.asarray(std, dtype=np.float32),
-        labels=y,
-    )
+    return _split_info(f, path, split, samples, skey, lkey, classes, y)

@@ -187,7 +187,7 @@ def generate(job: Job, *, read_ahead: bool = False) -> Iterator[Any]:
             only when MPI may be called from any thread.
     """
     b = job.batch[0]
-    x, y, fill, done = _new_batch(job, b), np.empty(b, np.int64), 0, 0
+    x, y, fill, done = _new_batch(job, b), _new_labels(job, b), 0, 0
     ids = np.empty(b, np.int64) if job.id_offsets is not None else None
     windows = _read_ahead(job) if read_ahead else _read_windows(job, None)
     xt_cache: tuple[Any, torch.Tensor] | None = None
@@ -210,7 +210,7 @@ def generate(job: Job, *, read_ahead: bool = False) -> Iterator[Any]:
                     yield _finish(job, x, y, fill, ids)
                     done += 1
                     b = job.batch[0]
-                    x, y, fill = _new_batch(job, b), np.empty(b, np.int64), 0
+                    x, y, fill = _new_batch(job, b), _new_labels(job, b), 0
                     ids = np.empty(b, np.int64) if ids is not None else None
         # static shares: every worker takes the same number of steps, so a
         # worker whose share ran out early returns a short or empty batch
@@ -231,6 +231,12 @@ def _new_batch(job: Job, b: int) -> np.ndarray:
             shape, dtype=_torch_dtype(job.dtype), pin_memory=True
         ).numpy()
     return np.empty(shape, dtype=job.dtype)
+
+
+def _new_labels(job: Job, b: int) -> np.ndarray:
+    """A batch's labels: int64 classes ``(b,)``, or float targets ``(b, *target)``."""
+    first = job.labels[0] if job.labels else np.zeros(0, np.int64)
+    return np.empty((b, *first.shape[1:]), dtype=first.dtype)
 
 
 def _finish(

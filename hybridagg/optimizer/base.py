@@ -86,6 +86,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             wire. Needs the ``mpi`` or ``torch`` all-reduce backend; with
             ``fp16``, a gradient element beyond 65504 becomes an infinity
             and the non-finite check stops the run.
+        backward_passes_per_step: Gradient accumulation (Horovod's name):
+            each gradient is reduced, and may be stepped, once every this
+            many backward passes; the passes in between sum into ``.grad``
+            locally, with no communication. Call :meth:`step` after the
+            last of them (a parameter the last pass missed is reduced with
+            what it accumulated). Default 1.
         fault_tolerant: The run survives the loss of a group
             (``--on-group-failure continue``): no shared-memory window is
             used for the group's reduction (Open MPI does not support its
@@ -129,8 +135,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         server_batching: dict | None = None,
         fault_tolerant: bool = False,
         wire: str = "fp32",
+        backward_passes_per_step: int = 1,
     ) -> None:
         check_wire(wire)
+        if (
+            isinstance(backward_passes_per_step, bool)
+            or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1
+        ):
+            raise ValueError(
+                "backward_passes_per_step must be a positive integer, got "
+                f"{backward_passes_per_step!r}"
+            )
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
@@ -211,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             bucket_bytes=int(bucket_mb * 2**20),
             settings=settings,
             early_total=self._early_total(named),
+            backward_passes=backward_passes_per_step,
         )
         self._buffers = [
             b for b in (model.buffers() if model else []) if b.is_floating_point()
@@ -219,6 +236,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buffer_collectives = Collectives(self._control, settings)
         self._synced = False
         self._halted: str | None = None
+        self._finished = False
         self.last_total_samples = 0.0
         self.updates = 0
 
@@ -407,7 +425,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         self._reducer.close()  # (collective over the group)
         self._transports.free()
+        self._finished = True
         return None
+
+    def final_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained model as a plain ``state_dict``, for ``torch.save``.
+
+        Call after :meth:`finish`, on a rank that holds the final model: in
+        sync mode any worker (every worker holds the same); in hybrid and
+        async mode rank 0, which :meth:`finish` gave the servers' final
+        weights (the weights the servers hold, never a momentum-lookahead
+        prediction of a reply) and floating buffers (BatchNorm statistics,
+        as the servers keep them). Integer buffers (BatchNorm's
+        ``num_batches_tracked``) are this rank's own. Parameters and buffers
+        are detached copies on the CPU, so the file loads anywhere::
+
+            if hybridagg.rank() == 0:   # after opt.finish()
+                torch.save(opt.final_state_dict(), "model.pt")
+            model.load_state_dict(torch.load("model.pt", weights_only=True))
+
+        Raises:
+            ValueError: No ``model=`` was given, :meth:`finish` was not
+                called, or (hybrid/async) this rank did not receive the
+                final weights.
+        """
+        if self.model is None:
+            raise ValueError(
+                "final_state_dict() needs the model: pass model= to "
+                "DistributedOptimizer"
+            )
+        if not self._finished:
+            raise ValueError("final_state_dict(): call finish() first")
+        self._check_holds_final()
+        state = self.model.state_dict()
+        out = OrderedDict((k, v.detach().cpu().clone()) for k, v in state.items())
+        # (the modules' versions: load_state_dict upgrades old layouts by them)
+        out._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
+        return out
+
+    def _check_holds_final(self) -> None:
+        """Raise ``ValueError`` unless this rank's model holds the final weights."""
 
     # --- side channels -----------------------------------------------------------
     def share(self, values) -> None:

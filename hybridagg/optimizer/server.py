@@ -115,11 +115,24 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
     def finish(self, timeout: float | None = None, final: bool = True) -> int | None:
         """End this rank's run; see :meth:`GroupExchange.finish` for ``final``."""
         super().finish(timeout)
-        return self._exchange.finish(timeout, final)
+        version = self._exchange.finish(timeout, final)
+        self._holds_final = version is not None
+        return version
 
     def receive_final(self, timeout: float | None = None) -> int:
         """On the leader the survivors chose: load the servers' final weights."""
-        return self._exchange.receive_final(timeout)
+        version = self._exchange.receive_final(timeout)
+        self._holds_final = True
+        return version
+
+    def _check_holds_final(self) -> None:
+        if not getattr(self, "_holds_final", False):
+            raise ValueError(
+                f"final_state_dict(): rank {self.topology.rank} does not hold the "
+                "final weights; in hybrid and async mode the servers send them "
+                "to rank 0 at finish() (with --on-group-failure continue: to the "
+                "rank that writes the summary)"
+            )
 
     def group_lost(self, dead_rank: int) -> None:
         """This rank's group lost a member: the leader tells the servers to drop it."""

@@ -29,8 +29,9 @@ MISUSE_TEXT = {
     Misuse.NO_BACKWARD: "step() was called without backward() (a rank with no "
     "samples may skip backward only after set_samples(0))",
     Misuse.ZERO_GRAD: "zero_grad() was called between backward() and step()",
-    Misuse.TWICE: "backward() ran twice before step(); use `with optimizer.no_sync():` "
-    "for gradient accumulation",
+    Misuse.TWICE: "backward() ran more often before step() than the optimizer "
+    "accumulates (backward_passes_per_step); for gradient accumulation use "
+    "backward_passes_per_step=N or `with optimizer.no_sync():`",
 }
 
 

@@ -70,6 +70,14 @@ class GradientReducer:
             of it then (a leader pushes it to the parameter servers). The
             last bucket is final in :meth:`synchronize` (in a group of one,
             when backward fills it). Collective: the same on every rank.
+        backward_passes: Gradient accumulation: each parameter's gradient
+            is reduced after this many backward passes (its hook's count,
+            as Horovod's ``backward_passes_per_step``); the passes before
+            accumulate locally into ``.grad``. A parameter whose gradient
+            accumulated while reduction was held back (here, or under
+            :attr:`enabled` ``False``) but that the last pass did not reach
+            is reduced with its accumulated gradient in :meth:`synchronize`,
+            not with zeros.
 
     Attributes:
         on_final: ``f(bucket)`` when a bucket becomes final before
@@ -88,7 +96,16 @@ class GradientReducer:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         settings: CollectiveSettings | None = None,
         early_total: bool = False,
+        backward_passes: int = 1,
     ) -> None:
+        if (
+            isinstance(backward_passes, bool)
+            or not isinstance(backward_passes, int)
+            or backward_passes < 1
+        ):
+            raise ValueError(
+                f"backward_passes must be a positive integer, got {backward_passes!r}"
+            )
         if hierarchical and transport.size > 1 and bcast is None:
             raise ValueError("a hierarchical reducer needs a separate bcast transport")
         if bucket_bytes < 1:
@@ -160,6 +177,11 @@ class GradientReducer:
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False
+        self.backward_passes = backward_passes
+        # per parameter: backward passes seen since the last reduction, and
+        # whether .grad holds a local accumulation not yet handed over
+        self._passes = [0] * len(self.params)
+        self._held = [False] * len(self.params)
         self.last_total_samples = 0.0
         self.last_comm_seconds = 0.0
         self.on_final: Callable[[Bucket], None] | None = None
@@ -208,7 +230,13 @@ class GradientReducer:
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:
             if not self.enabled:
+                self._held[i] = True
                 return
+            if self.backward_passes > 1 and not self._got_grad[i]:
+                self._passes[i] += 1
+                if self._passes[i] < self.backward_passes:
+                    self._held[i] = True
+                    return
             self._fired = True
             b, slot = self._where[i]
             bucket = self.buckets[b]
@@ -357,12 +385,17 @@ class GradientReducer:
                 "the gradient reducer was closed by finish(); no step may follow"
             )
         start = time.perf_counter()
-        if not self._fired and self.samples != 0 and self._misuse == 0:
+        held = any(self._held)
+        if not self._fired and not held and self.samples != 0 and self._misuse == 0:
             self._misuse = Misuse.NO_BACKWARD
         for i in range(len(self.params)):
             b, slot = self._where[i]
             if not self.buckets[b].ready[slot]:
-                self._copy_in(i, None)
+                if self._held[i]:  # accumulated, never handed over: reduce it
+                    self._copy_in(i, self.params[i].grad)
+                    self._got_grad[i] = True
+                else:
+                    self._copy_in(i, None)
                 self.buckets[b].ready[slot] = True
         self._post_total()  # (a rank without backward: before the control vector)
         layout = self.layout
@@ -417,6 +450,8 @@ class GradientReducer:
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
         self._fired = False
+        self._passes = [0] * len(self.params)
+        self._held = [False] * len(self.params)
         self._total_req = None
         self.known_total = None
         self._final_next = 0

@@ -101,6 +101,19 @@ _DECLARED = [
         positive=True,
     ),
     EnvVar(
+        "HYBRIDAGG_LOG_LEVEL",
+        "warning",
+        "Level of hybridagg's log messages (debug, info, warning, error) for a "
+        "script that uses the library: hybridagg.init() shows them on stderr, "
+        "tagged '[rank R]'. hybridagg train takes --log-level instead.",
+    ),
+    EnvVar(
+        "HYBRIDAGG_LOG_RANKS",
+        "0",
+        "Which ranks show hybridagg's log messages: 0 (rank 0 only) or all "
+        "(every rank, each line tagged with its rank).",
+    ),
+    EnvVar(
         "HYBRIDAGG_EXIT_CODES",
         "0",
         "With --on-group-failure continue: 1 makes each rank's process exit with "
@@ -247,6 +260,30 @@ _DECLARED = [
         "slurm/chain.sbatch: number of this job in its resume chain (1 for the "
         "one you submit; each link submits the next with this + 1).",
         "slurm/chain.sbatch",
+    ),
+    EnvVar(
+        "HYBRIDAGG_MODE",
+        None,
+        "hybridagg.torch.init() (a Horovod script run with import "
+        "hybridagg.torch as hvd): sync (the default: every worker's gradients averaged "
+        "before each update, as Horovod), hybrid (groups all-reduce inside and "
+        "meet parameter servers asynchronously) or async (every worker alone "
+        "with the servers).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_GROUPS",
+        None,
+        "hybridagg.torch.init(): the groups of workers, as hybridagg train "
+        "--groups (e.g. 0-1,2-3; node; device; speed; slurm). Default by "
+        "HYBRIDAGG_MODE: world (sync), node (hybrid), each (async).",
+    ),
+    EnvVar(
+        "HYBRIDAGG_SERVERS",
+        None,
+        "hybridagg.torch.init(): parameter-server ranks, the last K of the job; "
+        "they serve inside init() and exit when training ends. Default 0 in "
+        "sync, 1 in hybrid and async.",
+        kind="int",
     ),
     EnvVar(
         "HYBRIDAGG_SLOWDOWN",

@@ -20,9 +20,11 @@ the rank that found it naming the dead one and its role.
 from __future__ import annotations
 
 import functools
+import logging
 
 from ..comm import Heartbeat, end_job, is_peer_failure, solo
 from ..comm.liveness import failure_timeout, solo_work_timeout
+from ..runtime import logs
 from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
@@ -63,6 +65,8 @@ def run(cfg: TrainConfig, comm=None) -> tuple[dict | None, RankStatus | None]:
     topo = init(
         comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
     )
+    # (the command line installed the handler; called from Python, init() did)
+    logging.getLogger(logs.LOGGER).setLevel(logs.level_of(cfg.log_level, "--log-level"))
     err = None
     try:  # a bad value: the same error on every rank, before the collective start
         failure_timeout()

@@ -9,6 +9,7 @@ import torch
 
 from ..data import HDF5Loader
 from .config import DataOptions
+from .losses import loss_function
 
 __all__ = ["Evaluator", "load_flat"]
 
@@ -42,11 +43,19 @@ class Evaluator:
         cfg: The data options (``cfg.data``: the HDF5 file).
         model: The model to evaluate (unused; kept for the callers' signature).
         device: Where batches go.
+        loss: ``--loss``: with ``"mse"`` there is no accuracy (``None``) and
+            the loss is the mean squared error per sample.
     """
 
     def __init__(
-        self, cfg: DataOptions, model: torch.nn.Module, device: torch.device
+        self,
+        cfg: DataOptions,
+        model: torch.nn.Module,
+        device: torch.device,
+        loss: str = "cross-entropy",
     ) -> None:
+        self.classify = loss != "mse"
+        self.loss_fn = loss_function(loss)
         with h5py.File(cfg.data, "r") as f:
             has_val = "val" in f and len(f["val"]["labels"]) > 0
             split = "val" if has_val else "train"
@@ -70,22 +79,27 @@ class Evaluator:
         return self._scratch
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
-        """``(accuracy, mean loss)`` over the whole split."""
+    def evaluate(self, model: torch.nn.Module) -> tuple[float | None, float]:
+        """``(accuracy, mean loss)`` over the whole split (accuracy ``None`` for mse).
+
+        The mean loss is the training loss averaged over samples (for mse,
+        over samples and target values: ``torch.nn.functional.mse_loss``).
+        """
         was_training = model.training
         model.eval()
         correct, loss, total = 0, 0.0, 0
         try:
             for x, y in self.loader:
                 out = model(x)
-                loss += float(
-                    torch.nn.functional.cross_entropy(out, y, reduction="sum")
-                )
-                correct += int((out.argmax(1) == y).sum())
+                # the batch mean times its size: the split's mean at the end
+                loss += float(self.loss_fn(out, y)) * len(y)
+                if self.classify:
+                    correct += int((out.argmax(1) == y).sum())
                 total += len(y)
         finally:
             model.train(was_training)
-        return correct / max(1, total), loss / max(1, total)
+        accuracy = correct / max(1, total) if self.classify else None
+        return accuracy, loss / max(1, total)
 
     def close(self) -> None:
         self.loader.close()

@@ -83,7 +83,8 @@ def merge_parts(path: str | os.PathLike, ranks: int) -> int:
 
 
 def summary_row(summary: dict) -> dict[str, str]:
-    """The summary's headline figures, formatted."""
+    """The summary's headline figures, formatted (``-`` where a figure is ``None``
+    or absent: ``efficiency`` without ``--sample-ms``, accuracy with ``--loss mse``)."""
 
     def num(key: str, fmt: str) -> str:
         value = summary.get(key)
@@ -96,6 +97,7 @@ def summary_row(summary: dict) -> dict[str, str]:
         "efficiency": num("efficiency", ".2f"),
         "time to target (s)": num("time_to_target_s", ".1f"),
         "final acc": num("final_accuracy", ".4f"),
+        "final loss": num("final_loss", ".4g"),
         "updates": num("steps", "d"),
         "stall": num("stall_fraction", ".3f"),
         "staleness": num("mean_staleness", ".2f"),

@@ -11,13 +11,22 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
+import sys
 
 import torch
 from torch import nn
 
 from .zoo import MODELS
 
-__all__ = ["MODELS", "build_model", "check_fits", "image_shape", "resolve_device"]
+__all__ = [
+    "MODELS",
+    "build_model",
+    "check_fits",
+    "factory_arguments",
+    "image_shape",
+    "resolve_device",
+]
 
 
 def image_shape(sample_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -110,41 +119,128 @@ def resnet(sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     )
 
 
+def _import_factory(name: str, spec: str):
+    """The callable ``spec`` (``package.module:factory``) names, found from the current folder too.
+
+    ``mpiexec -n 4 hybridagg train`` starts the console script, whose
+    ``sys.path`` holds the script's folder, not the current one (``python
+    -m`` and ``python script.py`` add it; an entry point does not), so a
+    ``mymodel.py`` beside the user was not found without ``PYTHONPATH``. The
+    current folder is appended, not prepended: an installed package of the
+    same name (a ``torch.py`` left in the folder) still wins. It stays on the
+    path, so the module's own imports of its neighbours work too.
+
+    Raises:
+        ValueError: The module or the attribute cannot be found or loaded.
+    """
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise ValueError(
+            f"unknown model {name!r}: choose one of {sorted(MODELS)} or give "
+            "package.module:factory"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"model factory {name!r} cannot be loaded: {exc} (searched the "
+            f"current folder {cwd} and the Python path)"
+        ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(
+            f"model factory {name!r} cannot be loaded: module {module_name!r} "
+            f"({getattr(module, '__file__', '?')}) has no {attr!r}"
+        ) from None
+
+
+def factory_arguments(
+    name: str, factory, sample_shape: tuple[int, ...], num_classes: int
+) -> dict:
+    """The keyword arguments ``factory`` is called with (see :func:`build_model`).
+
+    Raises:
+        TypeError: ``factory`` is not callable, or it requires a parameter
+            other than ``sample_shape`` and ``num_classes``.
+    """
+    if not callable(factory):
+        raise TypeError(
+            f"model factory {name!r} is a {type(factory).__name__}, not a callable"
+        )
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # (a builtin without a signature)
+        params = {}
+    offered = {"sample_shape": tuple(sample_shape), "num_classes": int(num_classes)}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return offered
+    unknown = [
+        p.name
+        for p in params.values()
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and p.name not in offered
+    ]
+    positional_only = [
+        p.name
+        for p in params.values()
+        if p.kind is p.POSITIONAL_ONLY and p.name in offered
+    ]
+    if unknown or positional_only:
+        bad = unknown or positional_only
+        raise TypeError(
+            f"model factory {name!r} has the signature "
+            f"{name.partition(':')[2] or name}{inspect.signature(factory)}; "
+            f"hybridagg calls it as factory(sample_shape=..., num_classes=...), "
+            f"passing only the keywords it accepts, and cannot fill "
+            f"{', '.join(repr(b) for b in bad)}"
+            + (" (positional-only)" if not unknown else "")
+            + ": give those parameters defaults, or wrap the factory"
+        )
+    return {k: v for k, v in offered.items() if k in params}
+
+
 def build_model(
     name: str, sample_shape: tuple[int, ...], num_classes: int
 ) -> nn.Module:
     """A zoo model by name, or ``package.module:factory`` for the user's own.
 
     A zoo name is loaded as the factory it stands for
-    (:data:`hybridagg.train.zoo.MODELS`).
+    (:data:`hybridagg.train.zoo.MODELS`). A user's module is imported from
+    the Python path, then from the current folder (``--model mymodel:build``
+    finds ``./mymodel.py`` without ``PYTHONPATH``).
 
-    A factory is called with ``sample_shape=`` and ``num_classes=`` when it
-    accepts them, else with no arguments, and must return a ``torch.nn.Module``.
+    The factory's signature::
+
+        def build(sample_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module
+
+    It is called with keywords, and only with those it declares (either,
+    both, or neither; ``**kwargs`` takes both): ``sample_shape`` is one
+    sample's shape as stored (``(64,)`` for flat digits, ``(3, 32, 32)`` for
+    images), ``num_classes`` the number of classes, or with float targets
+    (``--loss mse``) the number of values per target (1 for a scalar). The
+    module maps a batch ``(B, *sample_shape)`` to ``(B, num_classes)``
+    outputs (logits, or predictions). It is built on the CPU with the run's
+    seed set (every worker builds the same initial weights, and rank 0's are
+    broadcast anyway), then moved to ``--device``.
 
     Raises:
-        ValueError: Unknown name, a module or factory that cannot be found, or
-            a factory that returns something else.
+        ValueError: Unknown name, or a module or factory that cannot be found.
+        TypeError: The factory is not callable, requires a parameter other
+            than ``sample_shape`` and ``num_classes``, or returns something
+            that is not a ``torch.nn.Module``.
     """
-    module_name, colon, attr = MODELS.get(name, name).partition(":")
-    if not colon or not module_name or not attr:
-        raise ValueError(
-            f"unknown model {name!r}: choose one of {sorted(MODELS)} or give "
-            "package.module:factory"
-        )
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"model factory {name!r} cannot be loaded: {exc}") from None
-    params = inspect.signature(factory).parameters
-    kwargs = {}
-    if "sample_shape" in params:
-        kwargs["sample_shape"] = tuple(sample_shape)
-    if "num_classes" in params:
-        kwargs["num_classes"] = int(num_classes)
+    factory = _import_factory(name, MODELS.get(name, name))
+    kwargs = factory_arguments(name, factory, sample_shape, num_classes)
     model = factory(**kwargs)
     if not isinstance(model, nn.Module):
-        raise ValueError(
-            f"model factory {name!r} returned {type(model).__name__}, not a Module"
+        raise TypeError(
+            f"model factory {name!r} returned {type(model).__name__}, not a "
+            "torch.nn.Module"
         )
     return model
 
@@ -195,17 +291,27 @@ def check_fits(
     num_classes: int,
     name: str,
     device: torch.device,
+    loss: str = "cross-entropy",
 ) -> None:
-    """Check, with one sample of zeros, that ``model`` takes the data and covers its classes.
+    """Check, with one sample of zeros, that ``model`` takes the data and gives its outputs.
 
     Run once at set-up so that a model that does not fit is one clear error
     before the first step, not a traceback inside it. The forward runs in
     eval mode without gradients (BatchNorm's statistics stay untouched);
     one sample costs a small fraction of a step.
 
+    Args:
+        model: The model.
+        sample_shape: One sample's shape.
+        num_classes: Classes, or with ``loss="mse"`` values per target.
+        name: The ``--model`` (for messages).
+        device: Where the model is.
+        loss: ``"cross-entropy"``: at least ``num_classes`` logits;
+            ``"mse"``: exactly ``num_classes`` values.
+
     Raises:
         ValueError: The model fails on a sample of this shape, or gives
-            fewer outputs than the data has classes; names both shapes.
+            the wrong number of outputs; names both shapes.
     """
     sample = torch.zeros((1, *sample_shape), device=device)
     was_training = model.training
@@ -223,12 +329,19 @@ def check_fits(
         ) from None
     finally:
         model.train(was_training)
+    what = "outputs" if loss == "mse" else "logits"
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != 1:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(
             f"model {name!r} does not fit the data: for a batch of 1 sample of "
-            f"shape {tuple(sample_shape)} it returns {got}, not logits of shape "
+            f"shape {tuple(sample_shape)} it returns {got}, not {what} of shape "
             f"(1, {num_classes})"
+        )
+    if loss == "mse" and out.shape[1] != num_classes:
+        raise ValueError(
+            f"model {name!r} does not fit the data: it outputs {out.shape[1]} "
+            f"values per sample, but the targets have {num_classes} "
+            f"(samples of shape {tuple(sample_shape)}, --loss mse)"
         )
     if out.shape[1] < num_classes:
         raise ValueError(

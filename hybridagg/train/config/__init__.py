@@ -35,8 +35,9 @@ from .aggregation import (
 from .failures import ON_GROUP_FAILURE, FailureOptions
 from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
-from .outputs import CheckpointOptions, EvaluationOptions, OutputOptions
+from .outputs import LOG_LEVELS, CheckpointOptions, EvaluationOptions, OutputOptions
 from .training import (
+    LOSSES,
     OPTIMIZERS,
     DataOptions,
     LengthOptions,
@@ -47,6 +48,8 @@ from .training import (
 __all__ = [
     "ALLREDUCE_BACKENDS",
     "CONCERNS",
+    "LOG_LEVELS",
+    "LOSSES",
     "ON_GROUP_FAILURE",
     "OPTIMIZERS",
     "WIRE_FORMATS",
@@ -119,6 +122,11 @@ class TrainConfig(
         if self.adaptive_groups and not (self.adaptive_batch and self.mode == "hybrid"):
             raise ValueError(
                 "--adaptive-groups needs --adaptive-batch and --mode hybrid"
+            )
+        if self.loss == "mse" and self.target_accuracy is not None:
+            raise ValueError(
+                "--target-accuracy needs --loss cross-entropy: with --loss mse "
+                "validation measures the mean squared error, not accuracy"
             )
         if self.max_batch is not None and not (
             self.min_batch <= self.batch_size <= self.max_batch

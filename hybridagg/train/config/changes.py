@@ -8,6 +8,7 @@ by field, and sorts each difference into one of four kinds:
 
 * **harmless** (:data:`HARMLESS`): fields that say how the run is observed,
   saved or executed, not what it learns: the metrics and summary files, the
+  saved model, the TensorBoard folder, the log level, the
   progress bar, validation's cadence and target, the checkpoint folder
   (which may have been moved), checkpoint cadence and the resume flags
   themselves, the device, the all-reduce backend and ``--stream-push``
@@ -65,6 +66,9 @@ HARMLESS = frozenset(
         "slowdown",
         "sample_ms",
         "batch_probe",
+        "save_model",
+        "tensorboard",
+        "log_level",
     }
 )
 """Fields whose change does not change what the run learns (not reported)."""

@@ -7,9 +7,12 @@ from typing import ClassVar
 
 from .fields import Concern, option
 
-__all__ = ["CheckpointOptions", "EvaluationOptions", "OutputOptions"]
+__all__ = ["LOG_LEVELS", "CheckpointOptions", "EvaluationOptions", "OutputOptions"]
 
 MEASURING = "measuring and saving"
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""``--log-level``: the names of Python's ``logging`` levels, in lower case."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,7 +25,8 @@ class EvaluationOptions(Concern):
     """updates between validations"""
 
     target_accuracy: float | None = None
-    """for time_to_target_s (0-1)"""
+    """for time_to_target_s (0-1; classification only: with --loss mse
+    validation measures the mean squared error, not accuracy)"""
 
     def _check(self) -> None:
         target = self.target_accuracy
@@ -43,7 +47,21 @@ class OutputOptions(Concern):
     """JSON summary of the run"""
 
     progress: bool = True
-    """the progress bar and the final table on rank 0"""
+    """the progress bar on rank 0 (the final table is printed either way)"""
+
+    save_model: str | None = None
+    """write the trained model's state_dict here at the end (rank 0; in hybrid
+    and async the servers' final weights), for torch.load(PATH,
+    weights_only=True) and model.load_state_dict"""
+
+    tensorboard: str | None = None
+    """TensorBoard folder: loss, accuracy, samples/s, batch sizes and
+    staleness per group (needs the tensorboard package: pip install
+    'hybridagg[tensorboard]')"""
+
+    log_level: str = option("info", choices=LOG_LEVELS)
+    """messages shown on stderr, rank-tagged, from rank 0 only (every rank's
+    with HYBRIDAGG_LOG_RANKS=all)"""
 
 
 @dataclass(frozen=True, kw_only=True)

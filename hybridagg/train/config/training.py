@@ -8,9 +8,19 @@ from typing import ClassVar
 from ..zoo import MODELS
 from .fields import Concern, option
 
-__all__ = ["OPTIMIZERS", "DataOptions", "LengthOptions", "ModelOptions", "OptimOptions"]
+__all__ = [
+    "LOSSES",
+    "OPTIMIZERS",
+    "DataOptions",
+    "LengthOptions",
+    "ModelOptions",
+    "OptimOptions",
+]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+
+LOSSES = ("cross-entropy", "mse")
+"""``--loss``: classification on integer labels, or regression on float targets."""
 
 WHAT = "what to train"
 
@@ -38,6 +48,16 @@ class ModelOptions(Concern):
         "mlp", help=f"{', '.join(sorted(MODELS))} or package.module:factory"
     )
     """a model of the zoo (hybridagg.train.zoo.MODELS) or package.module:factory"""
+
+    loss: str = option("cross-entropy", choices=LOSSES)
+    """the training loss: cross-entropy (integer class labels) or mse (float
+    targets, regression; validation then reports the mean squared error, not
+    accuracy)
+
+    The data decides which one fits: a file whose labels are integers is a
+    classification task, one whose labels are floats (``hybridagg convert
+    --targets float``) a regression; the other pairing is refused at set-up.
+    """
 
     def _check(self) -> None:
         if self.model not in MODELS and ":" not in self.model:

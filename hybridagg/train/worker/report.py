@@ -28,6 +28,7 @@ def summarize(
     resharded: dict | None = None,
     accuracy_curve: list[tuple[float, float]] | None = None,
     updates_to_target: int | None = None,
+    final_loss: float | None = None,
 ) -> dict:
     """The summary of a run from every rank's report (``hybridagg train --summary``).
 
@@ -38,7 +39,7 @@ def summarize(
         updates: Model updates (all-reduce steps, or the final server version).
         epochs: Epochs finished.
         time_to_target_s: Training seconds to ``--target-accuracy``.
-        final_accuracy: The accuracy at the end.
+        final_accuracy: The accuracy at the end (``None`` with ``--loss mse``).
         resumed_from: The checkpoint this run resumed from.
         run_id: The run's id (its checkpoints' manifests carry it).
         resharded: ``{"from": sizes, "to": sizes}`` when it was written with
@@ -46,6 +47,15 @@ def summarize(
         accuracy_curve: ``(training seconds, accuracy)`` of each validation
             (compares modes at equal training time).
         updates_to_target: The update at which the target was first reached.
+        final_loss: The validation loss at the end (with ``--loss mse`` the
+            mean squared error).
+
+    ``efficiency`` (and ``ideal_samples_per_sec``) need an emulated speed:
+    the ideal is the throughput the emulated per-sample time
+    (``--sample-ms``) and ``--slowdown`` allow, so without ``--sample-ms``
+    there is no ideal to compare with and both are ``None`` (``null`` in
+    the JSON, ``-`` in the table); ``cores_bound_samples_per_sec`` is the
+    bound a real run has.
     """
     workers = [r for r in reports if r["role"] == "worker"]
     wall = max(r["wall_s"] for r in workers)
@@ -79,6 +89,8 @@ def summarize(
         "updates_to_target": updates_to_target,
         "target_accuracy": cfg.target_accuracy,
         "final_accuracy": final_accuracy,
+        "loss": cfg.loss,
+        "final_loss": final_loss,
         "accuracy_curve": [[t, a] for t, a in (accuracy_curve or [])],
         "steps": updates,
         "epochs": epochs,
@@ -96,16 +108,21 @@ def summarize(
         "resumed_from": str(resumed_from) if resumed_from else None,
         "run_id": run_id,
         "resharded": resharded,
+        "saved_model": cfg.save_model,
     }
 
 
 def publish(cfg: TrainConfig, summary: dict) -> None:
-    """Write the summary to ``--summary`` and print its table (unless ``--no-progress``)."""
+    """Write the summary to ``--summary`` and print its table on stdout.
+
+    The table is printed with ``--no-progress`` too: that flag turns off the
+    live bar (which a batch job's log file cannot show), not the result,
+    and every Slurm template passes it.
+    """
     if cfg.summary:
         Path(cfg.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.summary).write_text(json.dumps(summary, indent=1) + "\n")
-    if cfg.progress:
-        print(format_table([summary_row(summary)]), flush=True)
+    print(format_table([summary_row(summary)]), flush=True)
 
 
 def nonfinite_reason(reports: list[dict]) -> str | None:

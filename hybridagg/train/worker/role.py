@@ -17,24 +17,30 @@ the world's run report (which carries the reason to every rank).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 from ...comm import Comm, solo
 from ...optimizer import broadcast_parameters
 from ...runtime.outcomes import NonFiniteError
 from ...topology import Topology
 from ..adaptive import AdaptiveBatches
+from ..board import Board
 from ..checkpoint import Checkpointer
 from ..chunks import ChunkService
 from ..common import rng_state
 from ..config import TrainConfig
 from ..elastic import ReshardPlan
 from ..emulation import Pacer
+from ..export import save_state_dict
 from ..faults import at_step
+from ..losses import loss_function
 from ..metrics import MetricsWriter, merge_parts
 from ..resume import RunStart
 from ..survival import RankStatus
@@ -44,7 +50,7 @@ from .epochs import Epochs
 from .progress import ProgressBar, StepLog
 from .report import nonfinite_reason, publish, summarize
 from .setup import Local, make_distributed_optimizer, make_loader, set_up_local
-from .step import MORE, Stepper, loss_fn
+from .step import LOSS, MORE, SAMPLES, Stepper
 from .stopping import StopSignal
 from .surviving import SurvivingWorker
 from .validation import Validation
@@ -52,6 +58,8 @@ from .validation import Validation
 __all__ = ["WorkerRole", "raise_if_nonfinite"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def _agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
@@ -136,6 +144,16 @@ class WorkerRole:
         self.opt = make_distributed_optimizer(cfg, topo, local)
         world.barrier(what="start of training")
         start = time.perf_counter()
+        log.info(
+            "hybridagg train: %s mode, %d workers in groups %s, %d servers; model "
+            "%s, loss %s",
+            cfg.mode,
+            topo.num_workers,
+            [list(g) for g in topo.groups],
+            len(topo.servers),
+            cfg.model,
+            cfg.loss,
+        )
         self.adaptive = AdaptiveBatches(
             cfg, topo, self.opt, self.loader, self.metrics, start
         )
@@ -156,6 +174,16 @@ class WorkerRole:
         cfg, topo, opt = self.cfg, self.topo, self.opt
         part = local.part or {}
         sync = cfg.mode == "sync"
+        self.rows = (  # the world rank of each row of the shared values
+            list(range(topo.num_workers)) if sync else sorted(topo.groups[topo.group])
+        )
+        self.board = Board(
+            cfg.tensorboard,
+            rank=self.rank,
+            group=topo.group,
+            is_leader=topo.is_leader,
+            members=self.rows,
+        )
         self.clock = TrainClock(start, float(part.get("train_time_s", 0.0)))
         if sync:
             opt.updates = int(part.get("updates", 0))
@@ -184,6 +212,7 @@ class WorkerRole:
             clock=self.clock,
             first_target=part.get("time_to_target_s"),
             first_target_update=part.get("updates_to_target"),
+            board=self.board,
         )
         self.signal = StopSignal(self.stop, opt, sync=sync, is_leader=topo.is_leader)
         self.checkpoints = WorkerCheckpoints(
@@ -232,20 +261,31 @@ class WorkerRole:
         cfg, opt = self.cfg, self.opt
         pacer = Pacer(cfg.parsed_slowdown(), self.rank, cfg.sample_ms, self.clock.start)
         bar = ProgressBar(cfg, self.rank, opt.server_version)
+        loss = loss_function(cfg.loss)
         if cfg.adaptive_batch and self.resume is None:
-            self.adaptive.probe(self.model, loss_fn, pacer)
-        topo = self.topo
-        rows = (  # the world rank of each row of the shared values
-            list(range(topo.num_workers))
-            if cfg.mode == "sync"
-            else sorted(topo.groups[topo.group])
+            # (the probe's labels are class zeros; a regression's targets, zeros too)
+            probe_loss = (
+                loss
+                if cfg.loss != "mse"
+                else (lambda out, _y: loss(out, torch.zeros_like(out)))
+            )
+            self.adaptive.probe(self.model, probe_loss, pacer)
+        stepper = Stepper(
+            self.model, opt, self.loader, pacer, self.signal, self.rows, loss=loss
         )
-        stepper = Stepper(self.model, opt, self.loader, pacer, self.signal, rows)
         fault = at_step(self.rank)  # tests only: a death or a hang at a step
         self.epochs.begin()
         while not self._budget_spent():
             result = stepper.step(self.epochs)
             self.log.record(result, self.epochs.done)
+            self.board.step(
+                opt.server_version,
+                opt.shared,
+                SAMPLES,
+                LOSS,
+                result.staleness,
+                result.compute_s + result.pace_s + result.comm_s + result.data_wait_s,
+            )
             if result.nonfinite is not None:  # every rank of the reduction
                 self.nonfinite = f"step {self.log.steps}: {result.nonfinite}"
                 self.nonfinite_own = opt.nonfinite_here
@@ -284,6 +324,27 @@ class WorkerRole:
         self.loader.close()
         if not halted:
             self.validation.maybe_run(final=True)
+            if self.rank == 0:
+                self.save_model()
+        self.board.close()
+
+    def save_model(self) -> None:
+        """``--save-model``: write the final model's ``state_dict`` (on the rank holding it).
+
+        Sync: rank 0's model (every worker's is the same). Hybrid and async:
+        the servers' final weights and floating buffers, which
+        :meth:`~hybridagg.optimizer.DistributedOptimizer.finish` loaded
+        into this rank's model.
+        """
+        if not self.cfg.save_model:
+            return
+        with solo("saving the model"):
+            path = save_state_dict(self.opt.final_state_dict(), self.cfg.save_model)
+        log.info(
+            "hybridagg train: saved the model's state_dict (%s) to %s",
+            "the servers' final weights" if self.cfg.mode != "sync" else "rank 0's",
+            path,
+        )
 
     def nonfinite_report(self, mine: dict) -> dict:
         """This worker's run report ``mine``, with why it stopped on a NaN (if so)."""
@@ -318,6 +379,7 @@ class WorkerRole:
                 time_to_target_s=self.validation.first_target,
                 updates_to_target=self.validation.first_target_update,
                 final_accuracy=self.validation.final_accuracy,
+                final_loss=self.validation.final_loss,
                 accuracy_curve=self.validation.curve,
                 resumed_from=self.resume,
                 run_id=self.start.run_id,

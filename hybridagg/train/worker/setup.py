@@ -14,9 +14,12 @@ from ...ps.compensation import Compensation
 from ...runtime import envvars
 from ...topology import Topology
 from ..adaptive import server_batching
+from ..board import check_available
 from ..common import make_optimizer, seed_rng, set_rng_state
 from ..config import TrainConfig
 from ..evaluate import Evaluator
+from ..export import check_destination
+from ..losses import check_task
 from ..models import build_model, check_fits, resolve_device
 from ..resume import Resumed
 from ..resume_parts import window_blocks_for
@@ -63,11 +66,15 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
         window_blocks = resumed.worker.window_blocks or window_blocks_for(
             info.length, info.block_samples, resumed.plan.old.workers
         )
+    check_task(cfg.loss, info.regression, cfg.data)
+    check_available(cfg.tensorboard)
+    if topo.rank == 0 and cfg.save_model:
+        check_destination(cfg.save_model)  # (not after hours of training)
     device = resolve_device(cfg.device, topo.rank)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
-    check_fits(model, info.sample_shape, info.num_classes, cfg.model, device)
+    check_fits(model, info.sample_shape, info.num_classes, cfg.model, device, cfg.loss)
     optimizer = make_optimizer(cfg, model)
-    evaluator = Evaluator(cfg, model, device) if topo.rank == 0 else None
+    evaluator = Evaluator(cfg, model, device, loss=cfg.loss) if topo.rank == 0 else None
     local = Local(model, optimizer, device, evaluator, window_blocks)
     if resumed is None:
         return local

@@ -37,7 +37,7 @@ __all__ = [
 STOP, SECONDS, SAMPLES, MORE, LOSS = range(5)
 
 loss_fn = torch.nn.functional.cross_entropy
-"""The training loss (also the batch probe's)."""
+"""The default training loss (``--loss cross-entropy``; see :mod:`..losses`)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class Stepper:
         signal: The stop signal, shared with every step.
         ranks: The world rank of each worker of the reduction (the rows of
             the shared values), for messages.
+        loss: The training loss, ``loss(output, labels)`` (``--loss``).
     """
 
     def __init__(
@@ -108,8 +109,10 @@ class Stepper:
         pacer: Pacer,
         signal: StopSignal,
         ranks: list[int],
+        loss=loss_fn,
     ) -> None:
         self.model, self.opt, self.loader = model, opt, loader
+        self.loss = loss
         self.pacer, self.signal, self.ranks = pacer, signal, ranks
         self.layers: LayerPacer | None = None  # made at the first batch
 
@@ -136,7 +139,7 @@ class Stepper:
             x, y = batch
             layers = self._layers(x[:1])
             layers.begin(n)
-            loss = loss_fn(self.model(x), y)
+            loss = self.loss(self.model(x), y)
             loss.backward()
             loss_value = float(loss.detach())
             compute, slept = layers.end()

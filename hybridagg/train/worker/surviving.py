@@ -12,8 +12,8 @@ rank dies. Here, a worker:
    its leader's ``DONE``), and its leader sends ``DONE`` without waiting for
    the final weights;
 3. meets every survivor (:func:`~hybridagg.train.survival.end_of_run`); the
-   reporter chosen there receives the final weights, validates them, merges
-   the metrics and writes the summary.
+   reporter chosen there receives the final weights, validates them, writes
+   ``--save-model``, merges the metrics and writes the summary.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ class SurvivingWorker:
             role.final_version = role.opt.receive_final()
             if stopped is None:
                 self._validate(local)
+                role.save_model()  # (the servers' final weights, received here)
+        role.board.close()
         role.metrics.close()
         survivors.barrier(what="metrics written")
         if verdict.reporter == topo.rank and stopped is None:
@@ -150,7 +152,9 @@ class SurvivingWorker:
         """The reporter validates the final weights (building an evaluator if not rank 0)."""
         role = self.role
         if role.validation.evaluator is None:
-            role.validation.evaluator = Evaluator(role.cfg, role.model, local.device)
+            role.validation.evaluator = Evaluator(
+                role.cfg, role.model, local.device, loss=role.cfg.loss
+            )
         role.validation.maybe_run(final=True)
 
     def _summary(self, endings: list[Ending], verdict: Verdict) -> dict:
@@ -167,6 +171,7 @@ class SurvivingWorker:
             time_to_target_s=role.validation.first_target,
             updates_to_target=role.validation.first_target_update,
             final_accuracy=role.validation.final_accuracy,
+            final_loss=role.validation.final_loss,
             accuracy_curve=role.validation.curve,
             resumed_from=role.resume,
             run_id=role.start.run_id,

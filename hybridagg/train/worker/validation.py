@@ -8,6 +8,7 @@ import torch
 
 from ...comm import solo
 from ...optimizer import DistributedOptimizer
+from ..board import Board
 from ..config import EvaluationOptions
 from ..evaluate import Evaluator, load_flat
 from ..faults import slow_validation
@@ -34,6 +35,7 @@ class Validation:
         clock: The training clock (validation time is not training time).
         first_target: Training seconds to ``--target-accuracy`` of a resumed run.
         first_target_update: The update at which a resumed run reached it.
+        board: TensorBoard writers (validation's on rank 0).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class Validation:
         clock: TrainClock,
         first_target: float | None,
         first_target_update: int | None = None,
+        board: Board | None = None,
     ) -> None:
         self.cfg, self.sync, self.evaluator = cfg, sync, evaluator
+        self.board = board
         self.model, self.opt, self.metrics, self.clock = model, opt, metrics, clock
         self.first_target = first_target
         """Training seconds until the accuracy first reached the target."""
@@ -57,9 +61,11 @@ class Validation:
         """The update (server version, or sync step) of that validation: the
         field's "steps to result", which tells what larger updates buy."""
         self.last_accuracy: str | None = None
-        """The latest accuracy, formatted for the progress bar."""
+        """The latest accuracy (with --loss mse the loss), formatted for the progress bar."""
         self.final_accuracy: float | None = None
-        """The accuracy at the end of training (rank 0)."""
+        """The accuracy at the end of training (rank 0; ``None`` with --loss mse)."""
+        self.final_loss: float | None = None
+        """The validation loss at the end of training (rank 0; the MSE with --loss mse)."""
         self.curve: list[tuple[float, float]] = []
         """(training seconds, accuracy) of every validation of this run (rank 0)."""
         self._last_bucket = opt.server_version // cfg.eval_every
@@ -88,11 +94,19 @@ class Validation:
         seconds = time.perf_counter() - t0
         self.clock.eval_seconds += seconds
         train_time = self.clock.train_time()
-        self.last_accuracy = f"{accuracy:.3f}"
-        self.final_accuracy = accuracy
-        self.curve.append((train_time, accuracy))
+        self.last_accuracy = (
+            f"{accuracy:.3f}" if accuracy is not None else f"mse {loss:.4g}"
+        )
+        self.final_accuracy, self.final_loss = accuracy, loss
+        if accuracy is not None:
+            self.curve.append((train_time, accuracy))
         target = self.cfg.target_accuracy
-        if target is not None and accuracy >= target and self.first_target is None:
+        if (
+            target is not None
+            and accuracy is not None
+            and accuracy >= target
+            and self.first_target is None
+        ):
             self.first_target = train_time
             self.first_target_update = opt.server_version
         self.metrics.write(
@@ -105,3 +119,5 @@ class Validation:
             train_time_s=train_time,
             final=final,
         )
+        if self.board is not None:
+            self.board.validation(opt.server_version, accuracy, loss)
