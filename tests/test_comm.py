@@ -281,3 +281,17 @@ def test_a_waiting_server_costs_well_under_a_tenth_of_a_core():
     cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     assert wall > 1.5
     assert cpu / wall < 0.10, f"a server's idle wait used {cpu / wall:.1%} of a core"
+
+
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_server_threads_read_and_check_their_variable(monkeypatch):
+    from hybridagg.ps.server import server_threads
+
+    monkeypatch.delenv("HYBRIDAGG_SERVER_THREADS", raising=False)
+    assert server_threads() is None  # the workers' setting stays
+    monkeypatch.setenv("HYBRIDAGG_SERVER_THREADS", "3")
+    assert server_threads() == 3
+    for bad in ("0", "-1", "two"):
+        monkeypatch.setenv("HYBRIDAGG_SERVER_THREADS", bad)
+        with pytest.raises(ValueError, match="HYBRIDAGG_SERVER_THREADS"):
+            server_threads()

@@ -410,6 +410,19 @@ def test_overlap_counts_the_step_of_delay_and_converges():
         assert dist < 0.05, f"relative distance to the optimum {dist:.3g}"
 
 
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_servers_take_their_own_thread_count(monkeypatch):
+    """HYBRIDAGG_SERVER_THREADS gives the server rank its cores; workers keep theirs."""
+    monkeypatch.setenv("HYBRIDAGG_NUM_THREADS", "1")
+    monkeypatch.setenv("HYBRIDAGG_SERVER_THREADS", "2")
+    dist, info = least_squares_run("async", "each", 1, {}, steps=20)
+    if dist is None:
+        assert info.threads == 2 and torch.get_num_threads() == 2
+        assert info.version == 20  # and it served every update
+    else:
+        assert torch.get_num_threads() == 1
+
+
 @pytest.mark.mpi(ranks=[2, 3], timeout=120)
 @pytest.mark.parametrize("horizon", [None, 0.5])
 def test_lookahead_replies_match_a_replay_of_the_server(horizon):

@@ -46,7 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from ..comm.process import configure_threads
 from ..comm.ulfm import failed_world_ranks
 from ..runtime import envvars
 from ..runtime.outcomes import PeerFailure
@@ -80,6 +82,21 @@ workers sharing the node could use (an idle server would otherwise wake
 thousands of times a second). Where it lifts, the general back-off
 (1/32 of the wait) equals the general cap, so a push then waits at most
 that cap, a small share of the silence before it."""
+
+
+def server_threads() -> int | None:
+    """Compute threads for a server rank: ``HYBRIDAGG_SERVER_THREADS``, or ``None``.
+
+    ``None`` leaves the rank as :func:`hybridagg.init` set it (the workers'
+    setting).
+
+    Raises:
+        ValueError: The value is not a positive integer.
+    """
+    value = envvars.get_int("HYBRIDAGG_SERVER_THREADS")
+    if value is not None and value < 1:
+        raise ValueError(f"HYBRIDAGG_SERVER_THREADS must be positive, got {value}")
+    return value
 
 
 def server_max_sleep() -> float:
@@ -116,6 +133,7 @@ class ServerStats:
             ``(version, old, new, seconds_per_sample)``.
         nonfinite: The group whose NaN or infinity halted the server
             (``None``: none); the run must then end as non-finite.
+        threads: Compute threads the server's updates ran on.
         lost_groups: Groups dropped after a rank died: group -> (the
             ``time.perf_counter()`` when dropped, the world rank found dead).
     """
@@ -133,6 +151,7 @@ class ServerStats:
     batch_decisions: list = field(default_factory=list)
     nonfinite: int | None = None
     lost_groups: dict = field(default_factory=dict)
+    threads: int = 1
 
 
 class _Server:
@@ -373,6 +392,7 @@ class _Server:
             batch_decisions=[] if self.advisor is None else self.advisor.decisions,
             nonfinite=self.handler.nonfinite,
             lost_groups=dict(self.book.lost),
+            threads=torch.get_num_threads(),
         )
 
 
@@ -439,6 +459,12 @@ def serve(
         raise ValueError(f"rank {topology.rank} is a worker, not a parameter server")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    # a server's update is one fused pass over its shard, which torch spreads
+    # over the rank's threads: where the server has cores of its own, more
+    # threads shorten every push's round trip
+    threads = server_threads()
+    if threads is not None:
+        configure_threads(threads)
     server = _Server(
         topology,
         timeout,

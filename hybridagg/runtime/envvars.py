@@ -136,6 +136,17 @@ _DECLARED = [
         kind="float",
     ),
     EnvVar(
+        "HYBRIDAGG_SERVER_THREADS",
+        None,
+        "Compute threads of a parameter-server rank (torch.set_num_threads): "
+        "its optimizer update, torch's fused kernel, runs on this many cores. "
+        "Give servers on hosts of their own the cores their host has spare. "
+        "Default: the workers' setting (HYBRIDAGG_NUM_THREADS, else "
+        "OMP_NUM_THREADS, else 1).",
+        kind="int",
+        positive=True,
+    ),
+    EnvVar(
         "HYBRIDAGG_SERVER_MAX_SLEEP_US",
         "500",
         "Back-off cap of a parameter server waiting for the next message "
