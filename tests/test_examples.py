@@ -18,7 +18,9 @@ def readme_python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("name", ["plain_train.py", "hybridagg_train.py"])
+@pytest.mark.parametrize(
+    "name", ["plain_train.py", "hybridagg_train.py", "dataloader_train.py"]
+)
 def test_readme_shows_the_example_files_verbatim(name):
     assert (ROOT / "examples" / name).read_text() in readme_python_blocks()
 
@@ -57,4 +59,13 @@ def test_hybridagg_script_trains_in_two_groups_and_a_server(digits):
     assert result.returncode == 0, output(result)[-3000:]
     # printed once, by rank 0; asynchronous, so it varies from run to run:
     # 0.947-0.969 in four runs, and 0.897 once in a full suite
+    assert accuracy(result.stdout) > 0.85
+
+
+def test_dataloader_script_trains_with_its_own_sampler_and_loader_processes(digits):
+    argv = runner.mpiexec_argv(
+        5, [sys.executable, str(ROOT / "examples" / "dataloader_train.py"), digits]
+    )
+    result = runner.run_job(argv, timeout=300, env=runner.mpiexec_env())
+    assert result.returncode == 0, output(result)[-3000:]
     assert accuracy(result.stdout) > 0.85
