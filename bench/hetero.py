@@ -17,6 +17,11 @@ level is trained by every mode on the same data, model, seeds and emulation:
   the outside baseline: hybridagg's ``sync`` should match it;
 * ``horovod``: the same script with ``horovod.torch.DistributedOptimizer``
   (``make horovod``); added to the default modes when Horovod is importable;
+  with ``--cluster`` it runs without Open MPI's ``han`` collectives
+  (``OMPI_MCA_coll=^han`` unless ``OMPI_MCA_coll`` is set): across hosts
+  ``han``'s all-reduce polls without sleeping while Horovod's main thread
+  spins on its handle, and on this machine's shared cores that starved the
+  links' TCP work (10 against 85 samples/s, bench/RESULTS.md);
 * ``*+adaptive``: the same with adaptive batch sizes (``--adaptive-batch``);
 * ``fast-pair``: a reference, not a way to run the 4-worker job: ``sync``
   over workers 0-1 alone (2 ranks, never slowed), the slow pair left out.
@@ -226,7 +231,10 @@ def run_cell(mode: str, level: str, args, tmp: Path) -> list[dict]:
         ]
     else:
         launch = runner.mpiexec_argv(nranks, cmd)
-    result = runner.run_job(launch, timeout=args.timeout, env=runner.mpiexec_env())
+    env = runner.mpiexec_env()
+    if mode == "horovod" and args.cluster:
+        env.setdefault("OMPI_MCA_coll", "^han")
+    result = runner.run_job(launch, timeout=args.timeout, env=env)
     if result.returncode != 0 or not out.exists():
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"hetero: {mode} at level {level} failed")
