@@ -63,7 +63,11 @@ def run(cfg: TrainConfig, comm=None) -> tuple[dict | None, RankStatus | None]:
     """
     stop = stop_flag()
     topo = init(
-        comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
+        comm,
+        groups=cfg.group_spec,
+        servers=cfg.num_servers,
+        slowdown=cfg.slowdown,
+        device=cfg.device,
     )
     # (the command line installed the handler; called from Python, init() did)
     logging.getLogger(logs.LOGGER).setLevel(logs.level_of(cfg.log_level, "--log-level"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...devices import check_device_spec
 from ...modes import MODES, check_mode
 from ...ps.compensation import DAMPING_RULES
 from .fields import Concern, option
@@ -119,15 +120,14 @@ class ExecutionOptions(Concern):
     beyond 65504 and the run stops as non-finite)"""
 
     device: str = "cpu"
-    """cpu, or cuda: one GPU per node-local rank"""
+    """where each worker trains: auto (its node-local GPU, local rank modulo
+    the node's GPUs, where the node has one, else the CPU: the choice for a
+    job of GPU and CPU nodes), cpu, cuda (the node-local GPU; fails where
+    there is none) or cuda:N"""
 
     def _check(self) -> None:
         # the spelling here (pure: no torch); whether CUDA is there, at set-up
-        kind, colon, index = self.device.partition(":")
-        if kind not in ("cpu", "cuda") or (colon and not index.isdigit()):
-            raise ValueError(
-                f"unknown --device {self.device!r}: use cpu, cuda or cuda:N"
-            )
+        check_device_spec(self.device)
         if self.wire != "fp32" and self.allreduce_backend == "horovod":
             raise ValueError(
                 f"--wire {self.wire} needs --allreduce-backend mpi or torch, "
