@@ -110,7 +110,11 @@ def device_buffer(x: torch.Tensor) -> list:
 
 
 def alloc(
-    numel: int, dtype: torch.dtype = torch.float32, *, zero: bool = True
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    zero: bool = True,
+    pinned: bool = False,
 ) -> torch.Tensor:
     """A 1-D CPU tensor for communication, in memory that may use huge pages.
 
@@ -120,7 +124,15 @@ def alloc(
     memory is measurably slower (bench/RESULTS.md). hybridagg's own buffers
     (buckets, shards, parameter-server messages, scratch space) therefore
     come from here. Dtypes numpy lacks fall back to torch's allocator.
+
+    ``pinned``: page-locked memory from torch's CUDA host allocator, for a
+    buffer that a GPU's tensors are copied to and from (the copies then run
+    as asynchronous DMA); ignored where CUDA is not available.
     """
+    if pinned and torch.cuda.is_available():
+        return (torch.zeros if zero else torch.empty)(
+            numel, dtype=dtype, pin_memory=True
+        )
     try:
         np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
     except TypeError:
