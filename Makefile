@@ -160,12 +160,13 @@ wheelhouse-gpu:
 	mkdir -p $(WHEELHOUSE_GPU)
 	$(DOWNLOAD_PY) -m pip download --quiet --disable-pip-version-check \
 		--dest $(WHEELHOUSE_GPU) --python-version 3.12 --implementation cp \
-		--only-binary=:all: --platform manylinux2014_x86_64 \
+		--only-binary=:all: --platform manylinux1_x86_64 \
+		--platform manylinux2010_x86_64 --platform manylinux2014_x86_64 \
 		--platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
 		$(GPU_DEPS)
 	du -sh $(WHEELHOUSE_GPU)
 
-$(GPU_STAMP): setup.py pyproject.toml
+$(GPU_STAMP): $(wildcard setup.py) pyproject.toml
 	test -d $(WHEELHOUSE_GPU) || { echo "no $(WHEELHOUSE_GPU): run 'make wheelhouse-gpu' where there is network and carry it"; exit 2; }
 	test -x $(GPU_PY) || $(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
 	$(GPU_PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"

@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm, all_finite, check_wire
+from ..comm import Comm, all_finite, check_wire, staging_setting
 from ..devices import reduction_backend
 from ..modes import check_mode
 from ..ps.compensation import Compensation
@@ -204,6 +204,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         settings, error = None, None
         try:
             settings = CollectiveSettings.from_env()
+            staging_setting()  # (HYBRIDAGG_HOST_STAGING, read by the transports)
             if fault_tolerant:
                 # Open MPI does not support its shared-memory windows after a
                 # process failure: a peer killed inside a window's lock or
