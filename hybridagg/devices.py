@@ -28,6 +28,7 @@ __all__ = [
     "check_device_spec",
     "choose_device",
     "device_label",
+    "device_summary",
     "probe_plan",
     "reduction_backend",
     "resolve_device_spec",
@@ -125,6 +126,19 @@ def device_label(device: str, cuda_name: str | None, cpu_model: str) -> str:
     if device.startswith("cuda"):
         return f"cuda:{cuda_name or 'unknown GPU'}"
     return f"cpu:{cpu_model}"
+
+
+def device_summary(labels: list[str]) -> str:
+    """Which ranks train on which device kind, for the log (pure).
+
+    ``["cuda:H100", "cpu:Xeon", "cpu:Xeon"]`` gives
+    ``"cuda:H100: ranks [0]; cpu:Xeon: ranks [1, 2]"`` (kinds in order of
+    their first rank).
+    """
+    ranks: dict[str, list[int]] = {}
+    for rank, label in enumerate(labels):
+        ranks.setdefault(label, []).append(rank)
+    return "; ".join(f"{label}: ranks {r}" for label, r in ranks.items())
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,8 @@ class Topology:
         comms: Communicators, attached by :func:`init` (``None`` in pure use).
         device: The device this rank trains on, as :func:`init` resolved
             its ``device`` (``"cpu"``, ``"cuda:I"``; servers ``"cpu"``).
+        devices: The device kind every world rank trains on
+            (:func:`hybridagg.devices.device_label`; empty in pure use).
     """
 
     world_size: int
@@ -124,6 +126,7 @@ class Topology:
     policy: str = "world"
     comms: Comms | None = field(default=None, compare=False, repr=False)
     device: str = "cpu"
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n, k = self.world_size, len(self.servers)
@@ -138,6 +141,8 @@ class Topology:
             raise ValueError(f"servers must be the last {k} ranks, got {self.servers}")
         if self.hosts and len(self.hosts) != n:
             raise ValueError(f"hosts lists {len(self.hosts)} ranks, world has {n}")
+        if self.devices and len(self.devices) != n:
+            raise ValueError(f"devices lists {len(self.devices)} ranks, world has {n}")
         if not 0 <= self.rank < n:
             raise ValueError(f"rank {self.rank} is outside 0-{n - 1}")
         _validate_groups(self.groups, n - k, n)
@@ -462,6 +467,7 @@ def plan(
         hosts=tuple(i.host for i in infos),
         rank=rank,
         policy=groups,
+        devices=tuple(i.device for i in infos),
     )
 
 
@@ -651,6 +657,7 @@ def init(
         policy=topo.policy,
         comms=comms,
         device=train_on,
+        devices=topo.devices,
     )
     return _CURRENT
 

@@ -22,6 +22,7 @@ from hybridagg.devices import (
     check_device_spec,
     choose_device,
     device_label,
+    device_summary,
     probe_plan,
     reduction_backend,
     resolve_device_spec,
@@ -76,6 +77,10 @@ def test_groups_device_sees_what_each_rank_trains_on():
     infos = [RankInfo(host=h, device=k) for h, k in zip(hosts, kinds, strict=True)]
     topo = plan("device", [*infos, RankInfo("c", cpu)], 7, servers=1)
     assert topo.groups == ((0, 1), (2, 3), (4, 5))
+    assert device_summary(kinds) == (
+        "cuda:NVIDIA A100: ranks [0, 1]; cuda:Tesla V100: ranks [2, 3]; "
+        "cpu:Xeon: ranks [4, 5]"
+    )
 
 
 # --- which backend a reduction takes ------------------------------------------
@@ -270,6 +275,32 @@ def test_a_step_through_host_staging_equals_the_reference(mpi_ranks, mode, monke
     if opt is not None:
         assert opt.allreduce_backend == "mpi"
         assert opt.reducer.transport.stage.copies > 0  # the staged path ran
+
+
+@pytest.mark.mpi(ranks=3, timeout=180)
+def test_ranks_of_a_mixed_group_agree_on_every_choice(monkeypatch):
+    """Rank 0 stands in for a GPU rank (its slot says CUDA): the reduction
+    is mixed, so every rank takes MPI and the strategies of a reduction
+    that is not all-CPU (the CPU ranks too, though their own buckets are
+    on the CPU: else they would post other collectives than the GPU rank),
+    and the update still equals the reference."""
+    from mpi4py import MPI
+
+    import hybridagg.optimizer.base as base
+    from hybridagg.reduce import LastBucketKind
+
+    real = base.device_slot
+
+    def slot(params, host):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            return DeviceSlot(host, "cuda", 0)
+        return real(params, host)
+
+    monkeypatch.setattr(base, "device_slot", slot)
+    opt = _against_reference("sync", "world", 0)
+    assert opt.allreduce_backend == "mpi"
+    assert "GPU ranks [0], CPU ranks [1, 2]" in opt.backend_reason
+    assert opt.reducer.last_bucket.kind is LastBucketKind.EAGER
 
 
 @pytest.mark.mpi(ranks=3, timeout=180)
