@@ -184,8 +184,12 @@ def test_the_speed_probe_times_the_device_a_rank_trains_on():
 def test_mpi_transport_through_host_buffers_equals_the_plain_path(mpi_ranks):
     from hybridagg.collectives import CollectiveSettings
     from hybridagg.comm import Comm, HostStage, cuda_aware_mpi
+    from hybridagg.comm.staging import _loaded_mpi_libraries
     from hybridagg.reduce import MPITransport
 
+    # the detection looks at the MPI library this process runs on (the PyPI
+    # Open MPI answers 0: host staging)
+    assert _loaded_mpi_libraries(), "no libmpi mapped into this process"
     assert isinstance(cuda_aware_mpi(), bool)
     world = Comm(name="test")
     # large buffers take the ring, small ones MPI_Iallreduce
@@ -340,3 +344,7 @@ def test_device_auto_trains_on_a_cpu_only_machine(digits, tmp_path):
     assert result.returncode == 0, output(result)[-3000:]
     s = summary(out)
     assert s["final_accuracy"] >= 0.8, s
+    # rank 0 says where every rank trains (servers included: on the CPU)
+    assert "[rank 0] devices: cpu:" in result.stderr and "ranks [0, 1, 2]" in (
+        result.stderr
+    ), result.stderr[-3000:]

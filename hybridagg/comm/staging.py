@@ -42,7 +42,6 @@ def staging_setting() -> str:
     return setting
 
 
-@functools.cache
 def cuda_aware_mpi() -> bool:
     """Whether the MPI library in this process can read GPU memory.
 
@@ -51,12 +50,18 @@ def cuda_aware_mpi() -> bool:
     it); mpi4py does not wrap it, so it is called through ``ctypes`` from the
     ``libmpi`` this process has loaded. Any other MPI, or an Open MPI
     without the extension, counts as not CUDA-aware (host staging is always
-    correct). Call after MPI is initialised.
+    correct). Before MPI is initialised (or after it ended) the answer is
+    ``False`` and is not remembered.
     """
     from mpi4py import MPI
 
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return False
+    return _query_cuda_support()
+
+
+@functools.cache
+def _query_cuda_support() -> bool:
     for path in _loaded_mpi_libraries():
         try:
             query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
