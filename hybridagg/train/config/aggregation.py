@@ -111,7 +111,9 @@ class ExecutionOptions(Concern):
 
     allreduce_backend: str = option("auto", choices=ALLREDUCE_BACKENDS)
     """the all-reduce inside a group: mpi, torch (NCCL on CUDA, gloo on CPU) or
-    horovod; auto takes torch for CUDA parameters, else mpi"""
+    horovod; auto takes NCCL for a reduction whose ranks all train on GPUs
+    of their own (decided per group in hybrid and async), else mpi, GPU
+    tensors through pinned host memory"""
 
     wire: str = option("fp32", choices=WIRE_FORMATS)
     """the type gradients and weights travel in, in every mode: fp32, or bf16
