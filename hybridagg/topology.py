@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .devices import device_label, probe_plan, resolve_device_spec
 from .slowdown import Slowdown, parse_rank_ranges, parse_slowdown
 
 __all__ = [
@@ -111,6 +112,10 @@ class Topology:
         rank: The rank this object describes (its "own" rank).
         policy: The grouping spec it was built from.
         comms: Communicators, attached by :func:`init` (``None`` in pure use).
+        device: The device this rank trains on, as :func:`init` resolved
+            its ``device`` (``"cpu"``, ``"cuda:I"``; servers ``"cpu"``).
+        devices: The device kind every world rank trains on
+            (:func:`hybridagg.devices.device_label`; empty in pure use).
     """
 
     world_size: int
@@ -120,6 +125,8 @@ class Topology:
     rank: int = 0
     policy: str = "world"
     comms: Comms | None = field(default=None, compare=False, repr=False)
+    device: str = "cpu"
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n, k = self.world_size, len(self.servers)
@@ -134,6 +141,8 @@ class Topology:
             raise ValueError(f"servers must be the last {k} ranks, got {self.servers}")
         if self.hosts and len(self.hosts) != n:
             raise ValueError(f"hosts lists {len(self.hosts)} ranks, world has {n}")
+        if self.devices and len(self.devices) != n:
+            raise ValueError(f"devices lists {len(self.devices)} ranks, world has {n}")
         if not 0 <= self.rank < n:
             raise ValueError(f"rank {self.rank} is outside 0-{n - 1}")
         _validate_groups(self.groups, n - k, n)
@@ -458,41 +467,69 @@ def plan(
         hosts=tuple(i.host for i in infos),
         rank=rank,
         policy=groups,
+        devices=tuple(i.device for i in infos),
     )
 
 
 # --------------------------------------------------------------------- MPI
-def _device_kind() -> str:
+def _device_kind(device: str) -> str:
+    """The kind of the device this rank trains on (``--groups device`` compares it)."""
     import torch
 
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(torch.cuda.current_device())}"
+    cuda_name = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        cuda_name = torch.cuda.get_device_name(torch.device(device))
+    return device_label(device, cuda_name, _cpu_model())
+
+
+def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return "cpu:" + line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     import platform
 
-    return "cpu:" + (platform.processor() or platform.machine())
+    return platform.processor() or platform.machine()
 
 
-def probe_speed(factor: float = 1.0, reps: int = 7, size: int = 192) -> float:
-    """Time a small matrix product; return 1 / median seconds.
+def _cuda_count() -> int:
+    import torch
 
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def probe_speed(
+    factor: float = 1.0, reps: int = 7, size: int | None = None, device: str = "cpu"
+) -> float:
+    """Time a matrix product on the device this rank trains on; return 1 / median seconds.
+
+    What is timed is :func:`hybridagg.devices.probe_plan`'s choice: on a GPU
+    a larger CUDA product, with the device synchronised before each reading
+    of the clock (kernels return before they finish); else the CPU product.
     The emulated slowdown ``factor`` is applied as a sleep of
     ``(factor - 1) x compute time`` after each repetition, like training.
     """
     import torch
 
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
+    probe = probe_plan(device)
+    n = probe.size if size is None else size
+    a = torch.randn(n, n, device=probe.device)
+    b = torch.randn(n, n, device=probe.device)
+
+    def sync() -> None:
+        if probe.synchronize:
+            torch.cuda.synchronize(probe.device)
+
+    a = torch.tanh(a @ b * 0.01)  # (warm-up: CUDA's first kernel loads it)
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         for _ in range(4):
             a = torch.tanh(a @ b * 0.01)
+        sync()
         compute = time.perf_counter() - start
         if factor > 1.0:
             time.sleep((factor - 1.0) * compute)
@@ -507,6 +544,7 @@ def init(
     *,
     slowdown: str | Slowdown | None = None,
     num_threads: int | None = None,
+    device: str = "auto",
 ) -> Topology:
     """Form the topology of this MPI job and create its communicators.
 
@@ -516,8 +554,11 @@ def init(
     compute thread per rank (see :mod:`hybridagg.comm`). Shows hybridagg's
     log messages on stderr, rank-tagged, rank 0's only, at
     ``HYBRIDAGG_LOG_LEVEL`` (:mod:`hybridagg.runtime.logs`; a script that
-    configured ``logging`` itself keeps its own handlers). On a CUDA machine,
-    binds each rank to GPU ``local_rank % device_count``.
+    configured ``logging`` itself keeps its own handlers). Each worker that
+    trains on a GPU (``device``, as :func:`hybridagg.devices.resolve_device_spec`
+    reads it: by default its node-local GPU ``local_rank % device_count``
+    where it has one) is bound to it (``torch.cuda.set_device``); the
+    ``device`` and ``speed`` groupings see the device each rank trains on.
 
     Args:
         comm: The user's mpi4py communicator (default ``COMM_WORLD``), duplicated once.
@@ -527,6 +568,8 @@ def init(
             (default ``HYBRIDAGG_SLOWDOWN``).
         num_threads: Compute threads per rank (default 1, see
             :func:`hybridagg.comm.configure_threads`).
+        device: ``auto`` (default), ``cpu``, ``cuda`` or ``cuda:N``: where
+            this rank trains (``hybridagg train --device``).
 
     Returns:
         The :class:`Topology` of this rank, with ``comms`` attached.
@@ -542,6 +585,8 @@ def init(
     world = Comm(comm, name="world")
     error: BaseException | None = None
     schedule = Slowdown()
+    train_on = "cpu"
+    local_rank = _local_rank(world)  # (collective: before any rank may raise)
     try:
         if not isinstance(groups, str):
             raise TypeError(
@@ -549,6 +594,13 @@ def init(
             )
         if isinstance(servers, bool) or not isinstance(servers, int):
             raise TypeError(f"servers must be an int, got {type(servers).__name__}")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a string, got {type(device).__name__}")
+        train_on = resolve_device_spec(device, local_rank, _cuda_count())
+        if 0 < servers < world.size and world.rank >= world.size - servers:
+            train_on = (
+                "cpu"  # (a server trains nothing: its shard stays in host memory)
+            )
         # rank-tagged log messages, rank 0's (HYBRIDAGG_LOG_LEVEL, _RANKS)
         logs.configure(world.rank, force=False)
         if slowdown is None:
@@ -570,11 +622,11 @@ def init(
         # One rank at a time, so the probe does not measure oversubscription.
         for turn in range(world.size):
             if turn == world.rank and is_worker:
-                speed = probe_speed(schedule.factor(world.rank))
+                speed = probe_speed(schedule.factor(world.rank), device=train_on)
             world.barrier(what="speed probe turn")
     info = RankInfo(
         host=MPI.Get_processor_name(),
-        device=_device_kind(),
+        device=_device_kind(train_on),
         speed=speed,
         slurm_component=_slurm_component(),
     )
@@ -593,8 +645,8 @@ def init(
     leaders = world.split(0 if in_leaders else None, world.rank, name="leaders+servers")
     node = world.split_shared(name="node")
     comms = Comms(world=world, workers=workers, group=group, leaders=leaders, node=node)
-    if torch.cuda.is_available() and topo.is_worker:
-        torch.cuda.set_device(topo.local_rank % torch.cuda.device_count())
+    if train_on.startswith("cuda") and topo.is_worker:
+        torch.cuda.set_device(torch.device(train_on))
     global _CURRENT
     _CURRENT = Topology(
         world_size=topo.world_size,
@@ -604,6 +656,8 @@ def init(
         rank=topo.rank,
         policy=topo.policy,
         comms=comms,
+        device=train_on,
+        devices=topo.devices,
     )
     return _CURRENT
 
@@ -615,6 +669,16 @@ def init(
 # until the timeout (issue 23). Explicit topologies are still the rule
 # inside hybridagg; this is only the default of the public calls.
 _CURRENT: Topology | None = None
+
+
+def _local_rank(world) -> int:
+    """This rank's index among the ranks of its node (a node communicator,
+    created and freed here: the topology's own comes after the plan)."""
+    node = world.split_shared(name="node.probe")
+    try:
+        return node.rank
+    finally:
+        node.free()
 
 
 def _slurm_component() -> int | None:

@@ -59,6 +59,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "mpi(ranks=2, timeout=120): run the test under mpiexec at that many "
         "ranks (an int, or a list to parametrize over)",
     )
+    config.addinivalue_line(
+        "markers",
+        "cuda: needs a CUDA GPU; skipped where torch sees none (`make test-gpu` "
+        "runs them on a GPU machine)",
+    )
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -105,7 +116,13 @@ _OUTCOMES: dict[str, tuple] = {}
 def pytest_collection_modifyitems(session, config, items) -> None:
     if IN_RANK:
         return
+    cuda = None
     for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            cuda = _has_cuda() if cuda is None else cuda
+            if not cuda:  # (skipped here, so no MPI job is started for it)
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+                continue
         if item.get_closest_marker("mpi") is not None:
             _BATCHES.setdefault((str(item.path), _ranks_of(item)), []).append(item)
 

@@ -7,7 +7,8 @@ Three rules live here so no other module has to remember them:
   proportional to the time already waited); every wait has a timeout and
   raises :class:`CommTimeoutError` naming the operation and peer.
 * **No copies.** Contiguous CPU tensors and numpy arrays are handed to MPI as
-  buffers over their own memory (:func:`as_buffer`).
+  buffers over their own memory (:func:`as_buffer`); a GPU tensor goes
+  through pinned host memory unless MPI is CUDA-aware (:class:`HostStage`).
 * **No hangs on errors.** :meth:`Comm.check` turns an error on one rank into
   the same error on every rank; :func:`install_abort_hook` turns an unhandled
   exception into ``MPI_Abort`` with the rank and reason. A
@@ -33,6 +34,7 @@ from .process import (
     install_abort_hook,
     peer_failure_of,
 )
+from .staging import HostStage, cuda_aware_mpi, staging_setting
 from .waits import CommTimeoutError, check_timeout, default_timeout, wait, wait_until
 from .wire import (
     WIRE_FORMATS,
@@ -49,6 +51,7 @@ __all__ = [
     "CommTimeoutError",
     "ErrorFeedback",
     "Heartbeat",
+    "HostStage",
     "RemoteError",
     "ScratchPool",
     "WireCodec",
@@ -58,6 +61,7 @@ __all__ = [
     "check_timeout",
     "check_wire",
     "configure_threads",
+    "cuda_aware_mpi",
     "default_timeout",
     "end_job",
     "end_on_peer_failure",
@@ -68,6 +72,7 @@ __all__ = [
     "peer_failure_from",
     "peer_failure_of",
     "solo",
+    "staging_setting",
     "wait",
     "wait_until",
     "wire_dtype",

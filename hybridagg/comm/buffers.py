@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["ScratchPool", "alloc", "as_buffer", "mpi_dtype"]
+__all__ = ["ScratchPool", "alloc", "as_buffer", "device_buffer", "mpi_dtype"]
 
 _TORCH_TO_MPI = {
     torch.float32: MPI.FLOAT,
@@ -78,7 +78,7 @@ def as_buffer(x: torch.Tensor | np.ndarray) -> list:
         if x.device.type != "cpu":
             raise TypeError(
                 f"as_buffer needs a CPU tensor, got one on {x.device}; GPU "
-                "tensors are reduced through torch.distributed (NCCL)"
+                "tensors go through a host buffer (hybridagg.comm.HostStage)"
             )
         if not x.is_contiguous():
             raise ValueError("as_buffer needs a contiguous tensor (call .contiguous())")
@@ -92,8 +92,29 @@ def as_buffer(x: torch.Tensor | np.ndarray) -> list:
     raise TypeError(f"as_buffer takes a torch.Tensor or numpy.ndarray, got {type(x)}")
 
 
+def device_buffer(x: torch.Tensor) -> list:
+    """Describe a contiguous GPU tensor's memory as an MPI buffer.
+
+    Only for a CUDA-aware MPI (:func:`hybridagg.comm.cuda_aware_mpi`): MPI
+    receives the device address, which any other MPI would read as host
+    memory. The caller synchronises the tensor's stream first.
+
+    Raises:
+        ValueError: ``x`` is not contiguous.
+        TypeError: ``x`` has no MPI dtype.
+    """
+    if not x.is_contiguous():
+        raise ValueError("device_buffer needs a contiguous tensor")
+    mem = MPI.buffer.fromaddress(x.data_ptr(), x.numel() * x.element_size())
+    return [mem, x.numel(), mpi_dtype(x.dtype)]
+
+
 def alloc(
-    numel: int, dtype: torch.dtype = torch.float32, *, zero: bool = True
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    zero: bool = True,
+    pinned: bool = False,
 ) -> torch.Tensor:
     """A 1-D CPU tensor for communication, in memory that may use huge pages.
 
@@ -103,7 +124,15 @@ def alloc(
     memory is measurably slower (bench/RESULTS.md). hybridagg's own buffers
     (buckets, shards, parameter-server messages, scratch space) therefore
     come from here. Dtypes numpy lacks fall back to torch's allocator.
+
+    ``pinned``: page-locked memory from torch's CUDA host allocator, for a
+    buffer that a GPU's tensors are copied to and from (the copies then run
+    as asynchronous DMA); ignored where CUDA is not available.
     """
+    if pinned and torch.cuda.is_available():
+        return (torch.zeros if zero else torch.empty)(
+            numel, dtype=dtype, pin_memory=True
+        )
     try:
         np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
     except TypeError:

@@ -7,12 +7,27 @@ from dataclasses import dataclass
 
 from ..collectives import CollectiveSettings
 from ..comm import Comm
-from ..reduce import Transport, make_transport
+from ..devices import DeviceSlot
+from ..reduce import MPITransport, Transport, make_transport
 from ..topology import Topology
 
-__all__ = ["BACKENDS", "GroupTransports", "build_transports", "init_torch_distributed"]
+__all__ = [
+    "BACKENDS",
+    "GroupTransports",
+    "build_transports",
+    "device_slot",
+    "init_torch_distributed",
+]
 
 BACKENDS = ("auto", "mpi", "torch", "horovod")
+
+
+def device_slot(params, host: str) -> DeviceSlot:
+    """Where this rank's parameters live (the first CUDA one's GPU, if any)."""
+    for p in params:
+        if p.device.type == "cuda":
+            return DeviceSlot(host, "cuda", p.device.index)
+    return DeviceSlot(host, "cpu")
 
 
 @dataclass
@@ -25,7 +40,11 @@ class GroupTransports:
     owned: list[Comm]
 
     def free(self) -> None:
-        """Free the communicators created for these transports."""
+        """Free the communicators created for these transports (and their
+        host buffers)."""
+        for transport in (self.group, self.bcast, self.cross):
+            if isinstance(transport, MPITransport):
+                transport.free()
         for comm in self.owned:
             comm.free()
         self.owned = []
@@ -38,16 +57,23 @@ def build_transports(
     hierarchical: bool,
     settings: CollectiveSettings,
     wire: str = "fp32",
+    per_group: bool = False,
 ) -> GroupTransports:
-    """Create the group's communicators and transports (collective over the workers).
+    """Create the group's communicators and transports (collective over the
+    workers; over the group alone with ``per_group``).
 
     Args:
         backend: ``"mpi"``, ``"torch"`` or ``"horovod"``.
         topo: The topology.
-        on_cuda: The parameters live on CUDA devices.
+        on_cuda: The parameters of the reduction's ranks live on CUDA devices.
         hierarchical: Reduce to the leader, across leaders, then broadcast.
         settings: The MPI collectives' thresholds.
         wire: The type gradients travel in (``fp32``, ``bf16``, ``fp16``).
+        per_group: Each group reduces on its own (hybrid, async; not
+            hierarchical) and chose its backend alone: with ``torch``, the
+            group is a ``torch.distributed`` world of its own (NCCL for a
+            group of GPU ranks), so the other groups, which may reduce
+            through MPI on CPUs, never join it.
     """
     comms = topo.comms
     group = comms.group.dup(f"group{topo.group}.reduce")
@@ -67,6 +93,17 @@ def build_transports(
     if backend == "mpi":
         return GroupTransports(mpi(group), mpi(bcast), mpi(cross_comm), owned)
     ranks, me = list(topo.group_ranks), topo.rank
+    if backend == "torch" and per_group:
+        if hierarchical:
+            raise ValueError("a per-group torch reduction is not hierarchical")
+        init_torch_distributed(comms.group, "nccl" if on_cuda else "gloo")
+        order = list(range(group.size))  # (the group's own torch world)
+        return GroupTransports(
+            make_transport("torch", group, order, group.rank, None, wire=wire),
+            None,
+            None,
+            owned,
+        )
     if backend == "torch":
         pgs = _torch_groups(topo, on_cuda)
         cross = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
@@ -27,14 +28,23 @@ from typing import ClassVar
 import torch
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm, all_finite, check_wire
+from ..comm import Comm, all_finite, check_wire, staging_setting
+from ..devices import reduction_backend
 from ..modes import check_mode
 from ..ps.compensation import Compensation
 from ..reduce import DEFAULT_BUCKET_BYTES, SHARE_SLOTS, GradientReducer
 from ..topology import Topology, default_topology
-from .backends import BACKENDS, build_transports
+from .backends import BACKENDS, build_transports, device_slot
 
 __all__ = ["DistributedOptimizer"]
+
+_log = logging.getLogger(__name__)
+
+
+def _nccl_available() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_nccl_available())
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -50,8 +60,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             in hybrid and async mode travel to the servers with the weights.
         bucket_mb: Fused bucket size in MiB (default 25, like DDP).
         allreduce_backend: ``"mpi"``, ``"torch"`` (NCCL on CUDA, gloo on CPU),
-            ``"horovod"``, or ``"auto"`` (``"torch"`` for CUDA parameters,
-            else ``"mpi"``).
+            ``"horovod"``, or ``"auto"``: NCCL for a reduction whose ranks
+            all train on GPUs of their own, else MPI (GPU tensors through
+            pinned host memory), decided per group in hybrid and async
+            (:func:`hybridagg.devices.reduction_backend`; the reason is
+            :attr:`backend_reason`).
         compensation: The learning-rate rule
             (:class:`~hybridagg.ps.compensation.Compensation`): linear
             scaling by the update's samples with warm-up, and staleness
@@ -191,6 +204,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         settings, error = None, None
         try:
             settings = CollectiveSettings.from_env()
+            staging_setting()  # (HYBRIDAGG_HOST_STAGING, read by the transports)
             if fault_tolerant:
                 # Open MPI does not support its shared-memory windows after a
                 # process failure: a peer killed inside a window's lock or
@@ -203,18 +217,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._control.check(error, what="collective settings")
         _check_agreement(named, settings, self._control, wire)
         self.wire = wire
-        backend = allreduce_backend
-        if backend == "auto":
-            backend = "torch" if any(p.is_cuda for _, p in named) else "mpi"
-        self.allreduce_backend = backend
+        mine = self._choose_backend(allreduce_backend, named, topo)
+        self.allreduce_backend = mine.backend
+        self.backend_reason = mine.reason
+        """Why this rank's reduction uses :attr:`allreduce_backend` (words)."""
+        self._on_cpu = mine.on_cpu
         hierarchical = self._hierarchical(topo)
         self._transports = build_transports(
-            backend,
+            mine.backend,
             topo,
-            any(p.is_cuda for _, p in named),
+            not mine.on_cpu,
             hierarchical,
             settings,
             wire,
+            per_group=self._per_group,
         )
         t = self._transports
         self._reducer = GradientReducer(
@@ -228,6 +244,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             settings=settings,
             early_total=self._early_total(named),
             backward_passes=backward_passes_per_step,
+            on_cpu=mine.on_cpu,
         )
         self._buffers = [
             b for b in (model.buffers() if model else []) if b.is_floating_point()
@@ -239,6 +256,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._finished = False
         self.last_total_samples = 0.0
         self.updates = 0
+
+    def _choose_backend(self, requested: str, named: list, topo: Topology):
+        """This reduction's backend, from the parameter device of every rank
+        of it (collective over the reduction's ranks: the same choice, or
+        the same error, on each)."""
+        from mpi4py import MPI
+
+        host = topo.hosts[topo.rank] if topo.hosts else MPI.Get_processor_name()
+        mine = device_slot([p for _, p in named], host)
+        slots = self._control.allgather(mine, what="parameter devices")
+        choice = reduction_backend(requested, slots, _nccl_available())
+        if self._control.rank == 0 and requested == "auto":
+            where = f"group {topo.group}" if self._per_group else "the workers"
+            _log.info("all-reduce of %s: %s", where, choice.reason)
+        return choice
+
+    _per_group: ClassVar[bool] = False
+    """Each group reduces on its own (hybrid, async), so each picks its backend."""
 
     # --- what the implementations decide ---------------------------------------
     def _scope(self, topo: Topology) -> Comm:

@@ -65,13 +65,12 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
             )
             reducer.on_final = self._bucket_final
 
+    _per_group = True
+
     def _early_total(self, named: list) -> bool:
-        # (the same on every rank of the group: its settings and devices)
-        return streams(
-            self._stream_wanted,
-            overlap=False,
-            on_cpu=all(p.device.type == "cpu" for _, p in named),
-        )
+        # (the same on every rank of the group: its settings, and whether
+        # every rank of the group is on the CPU, as the backend plan agreed)
+        return streams(self._stream_wanted, overlap=False, on_cpu=self._on_cpu)
 
     def _bucket_final(self, bucket) -> None:
         """The reducer finished a bucket before ``synchronize()``: push its parts."""

@@ -115,7 +115,9 @@ class PSClient:
                 f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
             )
         dtype = params[0].dtype
-        self.flat_weights = alloc(total, dtype, zero=False)
+        # (pinned for a model on a GPU: its copies to and from it are DMA)
+        self.pinned = params[0].device.type == "cuda"
+        self.flat_weights = alloc(total, dtype, zero=False, pinned=self.pinned)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
         self._flat_grad: torch.Tensor | None = None  # (only unstreamed pushes)
         self._plan: list | None = None
@@ -125,7 +127,9 @@ class PSClient:
         self.grad_wire = WireCodec(wire, total, feedback=True)
         self.weights_wire = WireCodec(wire, total, feedback=False)
         nbuf = sum(b.numel() for b in buffers)
-        self.flat_buffers = alloc(nbuf, torch.float64) if nbuf else None
+        self.flat_buffers = (
+            alloc(nbuf, torch.float64, pinned=self.pinned) if nbuf else None
+        )
         self.versions = [0] * self.num_servers
         self.request_len = P.request_len(len(optimizer.param_groups))
         if ps.rank == 0:
@@ -153,7 +157,7 @@ class PSClient:
         """The flat gradient an unstreamed push is sent from (allocated at first use)."""
         if self._flat_grad is None:
             total = sum(p.numel() for p in self.params)
-            self._flat_grad = alloc(total, self.params[0].dtype)
+            self._flat_grad = alloc(total, self.params[0].dtype, pinned=self.pinned)
         return self._flat_grad
 
     def _server(self, s: int) -> int:

@@ -89,9 +89,12 @@ class GroupWeights:
         self.comm, self.params, self.buffers = comm, params, buffers
         self.is_leader = is_leader
         numel = sum(p.numel() for p in params)
-        self.weights = alloc(numel, params[0].dtype, zero=False)
+        pinned = params[0].device.type == "cuda"  # (copies to a GPU: DMA)
+        self.weights = alloc(numel, params[0].dtype, zero=False, pinned=pinned)
         nbuf = sum(b.numel() for b in buffers)
-        self.flat_buffers = alloc(nbuf, torch.float64, zero=False) if nbuf else None
+        self.flat_buffers = (
+            alloc(nbuf, torch.float64, zero=False, pinned=pinned) if nbuf else None
+        )
         self.head = torch.zeros(GROUP_HEAD_LEN, dtype=torch.float64)
 
     def broadcast(

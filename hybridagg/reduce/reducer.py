@@ -78,6 +78,12 @@ class GradientReducer:
             :attr:`enabled` ``False``) but that the last pass did not reach
             is reduced with its accumulated gradient in :meth:`synchronize`,
             not with zeros.
+        on_cpu: Whether every rank of the reduction keeps its gradients on
+            the CPU (``None``: this rank's own buckets tell). The last
+            bucket's strategy depends on it, so in a reduction that mixes
+            CPU and GPU ranks the caller passes the answer it agreed on
+            (:func:`hybridagg.devices.reduction_backend`): every rank must
+            choose the same strategy.
 
     Attributes:
         on_final: ``f(bucket)`` when a bucket becomes final before
@@ -97,6 +103,7 @@ class GradientReducer:
         settings: CollectiveSettings | None = None,
         early_total: bool = False,
         backward_passes: int = 1,
+        on_cpu: bool | None = None,
     ) -> None:
         if (
             isinstance(backward_passes, bool)
@@ -144,7 +151,7 @@ class GradientReducer:
         facts = LastBucketFacts(
             nbytes=last.nbytes,
             floating=last.flat.dtype in (torch.float32, torch.float64),
-            on_cpu=last.flat.device.type == "cpu",
+            on_cpu=last.flat.device.type == "cpu" if on_cpu is None else on_cpu,
             mpi=isinstance(transport, MPITransport),
             flat=not hierarchical and bool(self.stages),
             same_ranks=transport.size == control.size,

@@ -2,7 +2,8 @@
 
 A transport posts a collective and returns its ``test()`` (drives progress,
 true once complete): ``"mpi"`` (CPU tensors straight to MPI through
-:class:`hybridagg.collectives.Collectives`, no copy), ``"torch"`` (a
+:class:`hybridagg.collectives.Collectives`, no copy; GPU tensors through
+pinned host memory, or directly with a CUDA-aware MPI), ``"torch"`` (a
 ``torch.distributed`` subgroup: NCCL on CUDA, gloo on CPU) and ``"horovod"``
 (Horovod process sets).
 
@@ -22,7 +23,15 @@ import torch
 from mpi4py import MPI
 
 from ..collectives import Collectives, CollectiveSettings
-from ..comm import Comm, ErrorFeedback, as_buffer, check_wire, wire_dtype
+from ..comm import (
+    Comm,
+    ErrorFeedback,
+    HostStage,
+    as_buffer,
+    check_wire,
+    wire_dtype,
+)
+from ..comm.buffers import device_buffer
 
 __all__ = [
     "HorovodTransport",
@@ -69,12 +78,20 @@ class Transport:
 
 
 class MPITransport(Transport):
-    """CPU tensors straight to MPI, through the collectives' dispatch.
+    """Tensors of any device to MPI, through the collectives' dispatch.
+
+    A CPU tensor is reduced in its own memory, with no copy. A GPU tensor
+    (and, with ``HYBRIDAGG_HOST_STAGING=always``, a CPU one too: the device
+    stand-in of CI) is staged by :class:`~hybridagg.comm.HostStage`: copied
+    into its pinned host buffer, reduced there by the same algorithms, and
+    copied back when the operation completes; with a CUDA-aware MPI a GPU
+    tensor goes to ``MPI_Iallreduce`` directly.
 
     Args:
         comm: The group's communicator, used by this transport alone.
         settings: The collectives' thresholds (default: the environment's).
         wire: The type gradients travel in.
+        stage: The host staging (default: ``HYBRIDAGG_HOST_STAGING``).
     """
 
     def __init__(
@@ -82,32 +99,89 @@ class MPITransport(Transport):
         comm: Comm,
         settings: CollectiveSettings | None = None,
         wire: str = "fp32",
+        stage: HostStage | None = None,
     ) -> None:
         self.comm = comm
         self.wire = check_wire(wire)
         self.collectives = Collectives(comm, settings, wire)
+        self.stage = HostStage() if stage is None else stage
         self.size, self.rank, self.name = comm.size, comm.rank, comm.name
 
     @property
     def events(self) -> int:
         return self.collectives.events
 
+    def _device_direct(self, buf: torch.Tensor) -> bool:
+        """A GPU tensor that a CUDA-aware MPI reads in place (fp32 wire only:
+        the compact wire rounds and sums on the host)."""
+        return buf.device.type != "cpu" and self.stage.mode(buf) == "direct"
+
+    def _staged(self, buf: torch.Tensor, host: torch.Tensor, test: Test) -> Test:
+        """``test``, which once true has copied ``host`` back into ``buf``."""
+        if host is buf:
+            return test
+        state = {"done": False}
+
+        def staged_test() -> bool:
+            if not state["done"] and test():
+                self.stage.to_device(host, buf)
+                state["done"] = True
+            return state["done"]
+
+        return staged_test
+
     def start_allreduce(self, buf, settled=False):
-        return self.collectives.start_allreduce(buf, settled=settled)
+        if self._device_direct(buf) and self.wire == "fp32":
+            self.stage.to_host(buf)  # (direct: synchronises the stream only)
+            return self.comm.mpi.Iallreduce(
+                MPI.IN_PLACE, device_buffer(buf), MPI.SUM
+            ).Test
+        host = self._host(buf)
+        return self._staged(
+            buf, host, self.collectives.start_allreduce(host, settled=settled)
+        )
+
+    def _host(self, buf: torch.Tensor) -> torch.Tensor:
+        """``buf``'s memory for MPI: itself, or its filled host buffer (a
+        direct GPU tensor on a compact wire is staged too)."""
+        if self._device_direct(buf):
+            host = self.stage.buffer(buf)
+            host.copy_(buf.detach())
+            return host
+        return self.stage.to_host(buf)
 
     def start_reduce(self, buf, root):
-        if self.collectives.compacts(buf):
-            return self.collectives.start_reduce(buf, root)
-        if self.rank == root:
-            req = self.comm.mpi.Ireduce(MPI.IN_PLACE, as_buffer(buf), MPI.SUM, root)
+        host = self._host(buf)
+        if self.collectives.compacts(host):
+            test = self.collectives.start_reduce(host, root)
+        elif self.rank == root:
+            test = self.comm.mpi.Ireduce(
+                MPI.IN_PLACE, as_buffer(host), MPI.SUM, root
+            ).Test
         else:
-            req = self.comm.mpi.Ireduce(as_buffer(buf), None, MPI.SUM, root)
-        return req.Test
+            test = self.comm.mpi.Ireduce(as_buffer(host), None, MPI.SUM, root).Test
+        if self.rank != root:  # (only the root's buffer holds the result)
+            return test
+        return self._staged(buf, host, test)
 
     def start_bcast(self, buf, root):
-        if self.collectives.compacts(buf):
-            return self.collectives.start_bcast(buf, root)
-        return self.comm.Ibcast(buf, root).Test
+        if self.rank == root:
+            host = self._host(buf)
+        elif self._device_direct(buf) or self.stage.staged(buf):
+            host = self.stage.buffer(buf)  # (a receiver needs only the space)
+        else:
+            host = buf
+        if self.collectives.compacts(host):
+            test = self.collectives.start_bcast(host, root)
+        else:
+            test = self.comm.Ibcast(host, root).Test
+        if self.rank == root:  # (the root's values did not change)
+            return test
+        return self._staged(buf, host, test)
+
+    def free(self) -> None:
+        """Drop the host buffers."""
+        self.stage.free()
 
 
 class TorchTransport(Transport):
@@ -230,6 +304,7 @@ def make_transport(
     handle=None,
     settings: CollectiveSettings | None = None,
     wire: str = "fp32",
+    stage: HostStage | None = None,
 ) -> Transport:
     """Build the transport of one group.
 
@@ -242,13 +317,14 @@ def make_transport(
         settings: The MPI collectives' thresholds (``"mpi"`` only).
         wire: The type gradients travel in (``fp32``; ``bf16`` and ``fp16``
             with ``"mpi"`` and ``"torch"``).
+        stage: ``"mpi"``: the host staging (default: ``HYBRIDAGG_HOST_STAGING``).
 
     Raises:
         ValueError: Unknown backend or wire format, or a compact wire with
             Horovod.
     """
     if backend == "mpi":
-        return MPITransport(comm, settings, wire)
+        return MPITransport(comm, settings, wire, stage)
     if backend == "torch":
         return TorchTransport(handle, ranks, world_rank, comm.name, wire)
     if check_wire(wire) != "fp32" and backend == "horovod":

@@ -114,6 +114,16 @@ _DECLARED = [
         "(every rank, each line tagged with its rank).",
     ),
     EnvVar(
+        "HYBRIDAGG_HOST_STAGING",
+        "auto",
+        "How GPU tensors reach MPI: auto (through pinned host memory, unless "
+        "the MPI library is CUDA-aware, as Open MPI's MPIX_Query_cuda_support "
+        "tells; the PyPI Open MPI is not), always (every tensor through a host "
+        "buffer, CPU ones too: how CI exercises the GPU path without a GPU) "
+        "or never (device memory straight to MPI; refused where MPI is not "
+        "CUDA-aware).",
+    ),
+    EnvVar(
         "HYBRIDAGG_EXIT_CODES",
         "0",
         "With --on-group-failure continue: 1 makes each rank's process exit with "

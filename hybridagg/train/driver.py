@@ -24,6 +24,7 @@ import logging
 
 from ..comm import Heartbeat, end_job, is_peer_failure, solo
 from ..comm.liveness import failure_timeout, solo_work_timeout
+from ..devices import device_summary
 from ..runtime import logs
 from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
@@ -63,10 +64,16 @@ def run(cfg: TrainConfig, comm=None) -> tuple[dict | None, RankStatus | None]:
     """
     stop = stop_flag()
     topo = init(
-        comm, groups=cfg.group_spec, servers=cfg.num_servers, slowdown=cfg.slowdown
+        comm,
+        groups=cfg.group_spec,
+        servers=cfg.num_servers,
+        slowdown=cfg.slowdown,
+        device=cfg.device,
     )
     # (the command line installed the handler; called from Python, init() did)
     logging.getLogger(logs.LOGGER).setLevel(logs.level_of(cfg.log_level, "--log-level"))
+    if topo.rank == 0:
+        logging.getLogger(__name__).info("devices: %s", device_summary(topo.devices))
     err = None
     try:  # a bad value: the same error on every rank, before the collective start
         failure_timeout()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...devices import check_device_spec
 from ...modes import MODES, check_mode
 from ...ps.compensation import DAMPING_RULES
 from .fields import Concern, option
@@ -110,7 +111,9 @@ class ExecutionOptions(Concern):
 
     allreduce_backend: str = option("auto", choices=ALLREDUCE_BACKENDS)
     """the all-reduce inside a group: mpi, torch (NCCL on CUDA, gloo on CPU) or
-    horovod; auto takes torch for CUDA parameters, else mpi"""
+    horovod; auto takes NCCL for a reduction whose ranks all train on GPUs
+    of their own (decided per group in hybrid and async), else mpi, GPU
+    tensors through pinned host memory"""
 
     wire: str = option("fp32", choices=WIRE_FORMATS)
     """the type gradients and weights travel in, in every mode: fp32, or bf16
@@ -119,15 +122,14 @@ class ExecutionOptions(Concern):
     beyond 65504 and the run stops as non-finite)"""
 
     device: str = "cpu"
-    """cpu, or cuda: one GPU per node-local rank"""
+    """where each worker trains: auto (its node-local GPU, local rank modulo
+    the node's GPUs, where the node has one, else the CPU: the choice for a
+    job of GPU and CPU nodes), cpu, cuda (the node-local GPU; fails where
+    there is none) or cuda:N"""
 
     def _check(self) -> None:
         # the spelling here (pure: no torch); whether CUDA is there, at set-up
-        kind, colon, index = self.device.partition(":")
-        if kind not in ("cpu", "cuda") or (colon and not index.isdigit()):
-            raise ValueError(
-                f"unknown --device {self.device!r}: use cpu, cuda or cuda:N"
-            )
+        check_device_spec(self.device)
         if self.wire != "fp32" and self.allreduce_backend == "horovod":
             raise ValueError(
                 f"--wire {self.wire} needs --allreduce-backend mpi or torch, "

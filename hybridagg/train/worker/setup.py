@@ -89,7 +89,8 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
     check_available(cfg.tensorboard)
     if topo.rank == 0 and cfg.save_model:
         check_destination(cfg.save_model)  # (not after hours of training)
-    device = resolve_device(cfg.device, topo.rank)
+    # (init resolved --device for this rank: auto to its node-local GPU or the CPU)
+    device = resolve_device(topo.device, topo.rank)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
     check_fits(model, info.sample_shape, info.num_classes, cfg.model, device, cfg.loss)
     optimizer = make_optimizer(cfg, model)
