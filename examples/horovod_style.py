@@ -40,12 +40,14 @@ class Net(nn.Module):
 
 
 def digits_datasets():
-    try:  # scikit-learn ships the data set: hybridagg's optional "digits" extra
+    # scikit-learn ships the data set (the "digits" extra: pip install
+    # 'hybridagg[digits]'). The message names no hybridagg: apart from its
+    # import line, this script is Horovod's.
+    try:
         from sklearn.datasets import load_digits
     except ImportError:
         raise SystemExit(
-            "this example trains on scikit-learn's digits: "
-            "pip install 'hybridagg[digits]' (or pip install scikit-learn)"
+            "this example trains on scikit-learn's digits: pip install scikit-learn"
         ) from None
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
