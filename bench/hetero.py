@@ -536,10 +536,11 @@ def markdown(rows: list[dict], target: float) -> str:
 
 
 def plot(rows: list[dict], path: str, target: float) -> None:
-    import matplotlib
+    from hybridagg.runtime.extras import require
 
+    matplotlib = require("matplotlib", "bench/hetero.py --png")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "bench/hetero.py --png")
 
     levels = list(dict.fromkeys(c["level"] for c in rows))
     modes = list(dict.fromkeys(c["mode"] for c in rows))
@@ -637,6 +638,10 @@ def main(argv: list[str] | None = None) -> int:
         return inner(args)
     args.seeds = int(args.seeds)
     halves(args.workers)  # refuses an odd count before any job starts
+    if args.png:  # a missing matplotlib is said now, not after the runs
+        from hybridagg.runtime.extras import require
+
+        require("matplotlib", "bench/hetero.py --png")
     has_horovod = importlib.util.find_spec("horovod") is not None
     if args.modes is None:
         args.modes = "sync,hybrid,async,ddp" + (",horovod" if has_horovod else "")

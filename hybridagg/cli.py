@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hybridagg",
         description="Hybrid sync/async distributed training on heterogeneous clusters.",
     )
+    from .version import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="list the environment variables hybridagg reads")
     sub.add_parser("info", help="show MPI, launcher and library versions")

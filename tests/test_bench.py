@@ -416,3 +416,16 @@ def test_batch_scaling_rows_give_the_gain_of_larger_updates():
     assert "1 missed: lower bound" in text and "| 64 |" in text
     with pytest.raises(SystemExit, match="--batches"):
         bs.main(["--batches", "32,x"])
+
+
+def test_plot_writes_a_png(hetero, tmp_path):
+    """--png (the plots extra): both panels drawn from the cells, one PNG."""
+    records = [
+        record(mode, level, s, t)
+        for mode in ("sync", "hybrid")
+        for level in ("2", "8")
+        for s, t in enumerate([6.0, 7.0] if mode == "sync" else [3.0, None])
+    ]
+    png = tmp_path / "hetero.png"
+    hetero.plot(hetero.cells(records), str(png), 0.9)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

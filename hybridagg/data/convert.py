@@ -27,6 +27,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..runtime.extras import require
 from .images import ImageFolder
 from .sources import ArraySource, Source
 from .writer import SplitRows, split_indices, write_splits
@@ -532,10 +533,12 @@ def convert_digits(out: str | os.PathLike, *, image: bool = False, **kw) -> Path
         out: Output file.
         image: Store samples as ``(1, 8, 8)`` images instead of 64-vectors.
         **kw: As :func:`convert_arrays`.
-    """
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
+    Raises:
+        MissingExtraError: scikit-learn is not installed (the ``digits`` extra).
+    """
+    datasets = require("sklearn.datasets", "converting the digits data set")
+    d = datasets.load_digits()
     x = d.data.astype(np.float32)
     if image:
         x = x.reshape(-1, 1, 8, 8)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.extras import require
+
 __all__ = ["ImageFolder", "parse_size"]
 
 # Pillow modes stored as one grey channel; every other mode becomes RGB.
@@ -47,14 +49,7 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError(
-            "converting a folder of images needs Pillow: pip install "
-            "'hybridagg[images]' (or pip install pillow)"
-        ) from None
-    return Image
+    return require("PIL.Image", "converting a folder of images")
 
 
 def _hidden(path: Path, root: Path) -> bool:
