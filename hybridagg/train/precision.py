@@ -37,6 +37,8 @@ __all__ = ["AUTOCAST_DTYPES", "LossScale", "Precision"]
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """``--amp``'s names of the types autocast computes in."""
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class LossScale:
@@ -85,7 +87,8 @@ class LossScale:
         self.good_steps += 1
         if self.good_steps == self.growth_interval:
             grown = self.scale * self.growth_factor
-            if math.isfinite(grown):  # (as GradScaler: never to infinity)
+            # (as GradScaler, whose scale is a float32: never to infinity)
+            if grown <= _FLOAT32_MAX:
                 self.scale = grown
             self.good_steps = 0
 
