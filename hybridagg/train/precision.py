@@ -29,8 +29,12 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..optimizer import DistributedOptimizer
 
 __all__ = ["AUTOCAST_DTYPES", "LossScale", "Precision"]
 
@@ -155,7 +159,7 @@ class Precision:
         with torch.autocast(device_type=self.device.type, dtype=self.dtype):
             yield
 
-    def begin(self, opt) -> None:
+    def begin(self, opt: DistributedOptimizer) -> None:
         """Before a step's backward passes: tell ``opt`` the loss scale (if any)."""
         opt.set_loss_scale(None if self.loss_scale is None else self.loss_scale.scale)
 
