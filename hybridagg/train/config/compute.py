@@ -32,16 +32,16 @@ class ComputeOptions(Concern):
     """
 
     accumulate: int = option(1, at_least=1)
-    """gradient accumulation: compute each worker's batch in this many backward
-    passes of about batch/N samples, exchanged once per update; the update
-    equals one pass over the whole batch (--batch-size, --lr and adaptive
-    batches keep their meaning), only activation memory shrinks
+    """gradient accumulation: this many backward passes per update, each over
+    an equal part of the worker's batch, exchanged once; the update equals
+    one pass over the whole batch (--batch-size, --lr and adaptive batches
+    keep their meaning), only activation memory shrinks
 
     The batch a worker is given (``--batch-size``, or the adaptive
     controller's) stays the update's batch, split into the passes: the lr
     rule (samples / --batch-size), the controller's step times, samples/s,
     data positions and checkpoints all count updates, so none of them
-    changes with ``--accumulate``. A Horovod habit of a batch per pass
-    (``batches_per_allreduce``) is ``--batch-size`` times N here. Models
+    changes with ``--accumulate``. Horovod's habit of a batch per pass
+    (``batches_per_allreduce`` N) is ``--batch-size`` times N here. Models
     with BatchNorm see each pass's statistics, as with any accumulation.
     """
