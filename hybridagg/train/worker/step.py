@@ -242,6 +242,8 @@ class Stepper:
                 self.precision.scale(loss).backward()
                 c, s = layers.end()
             compute, slept = compute + c, slept + s
-            part = loss.detach().float()
+            # (at least float32: a float64 model's loss keeps its precision)
+            part = loss.detach()
+            part = part.to(torch.promote_types(part.dtype, torch.float32))
             total = part if total is None else total + part
         return float(total), compute, slept
