@@ -211,64 +211,70 @@ def assert_same(model, ref, **tol):
 
 
 # per step, each worker's batch: uneven passes, a batch below --accumulate,
-# and (sync) a worker without a batch
-SIZES = {1: [[10], [3], [7]], 2: [[10, 7], [3, 9], [2, 0]]}
+# and (several workers) a worker without a batch
+SIZES = {
+    1: [[10], [3], [7]],
+    2: [[10, 7], [3, 9], [2, 0]],
+    3: [[10, 7, 4], [3, 9, 1], [2, 0, 5]],
+}
+
+# (groups, servers) of each mode on 3 ranks: sync, 3 workers; hybrid, one
+# group of two and a server; async, one worker and two servers (one worker
+# alone keeps the order of pushes, and so the reference, deterministic)
+LAYOUTS = {"sync": ("world", 0), "hybrid": ("world", 1), "async": ("each", 2)}
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=180)
-def test_accumulated_passes_give_the_whole_batch_s_update(mpi_ranks):
+@pytest.mark.mpi(ranks=3, timeout=180)
+@pytest.mark.parametrize("mode", ["sync", "hybrid", "async"])
+def test_accumulated_passes_give_the_whole_batch_s_update(mode):
     """Stepper with --accumulate 4 equals plain SGD on the union of the
-    workers' batches, step by step: sync (every rank a worker), async (one
-    worker and a server, 2 ranks) and hybrid (one group of two and a
-    server, 3 ranks); nothing is reduced before the last pass."""
+    workers' batches, step by step, in every mode; the step's loss is the
+    batch's mean loss."""
     import hybridagg
 
-    modes = ["sync", "async"] if mpi_ranks == 2 else ["hybrid"]
-    for mode in modes:
-        servers = 0 if mode == "sync" else 1
-        topo = hybridagg.init(
-            groups="each" if mode == "async" else "world", servers=servers
-        )
-        if topo.is_server:
-            hybridagg.serve(topo)
-            continue
-        sizes = SIZES[topo.num_workers]
-        model, opt, results = train_steps(topo, mode, sizes, 4, torch.float64)
-        ref = reference_steps(sizes, torch.float64)
-        assert_same(model, ref, rtol=1e-10, atol=1e-12)
-        r = topo.rank
-        assert [x.samples for x in results] == [sz[r] for sz in sizes]
-        assert [x.total_samples for x in results] == [sum(sz) for sz in sizes]
-        assert not any(x.skipped or x.nonfinite for x in results)
-        # the batch's mean loss, from its passes
-        with torch.no_grad():
-            _, first = make_models(torch.float64)
-            x0, y0 = batch_of(0, r, sizes[0][r], torch.float64)
-            loss0 = torch.nn.functional.cross_entropy(first(x0), y0).item()
-        assert results[0].loss == pytest.approx(loss0, rel=1e-12)
-        opt.finish()
+    groups, servers = LAYOUTS[mode]
+    topo = hybridagg.init(groups=groups, servers=servers)
+    if topo.is_server:
+        hybridagg.serve(topo)
+        return
+    sizes = SIZES[topo.num_workers]
+    model, opt, results = train_steps(topo, mode, sizes, 4, torch.float64)
+    ref = reference_steps(sizes, torch.float64)
+    assert_same(model, ref, rtol=1e-10, atol=1e-12)
+    r = topo.rank
+    assert [x.samples for x in results] == [sz[r] for sz in sizes]
+    assert [x.total_samples for x in results] == [sum(sz) for sz in sizes]
+    assert not any(x.skipped or x.nonfinite for x in results)
+    with torch.no_grad():
+        _, first = make_models(torch.float64)
+        x0, y0 = batch_of(0, r, sizes[0][r], torch.float64)
+        loss0 = torch.nn.functional.cross_entropy(first(x0), y0).item()
+    assert results[0].loss == pytest.approx(loss0, rel=1e-12)
+    opt.finish()
 
 
-@pytest.mark.mpi(ranks=[2, 3], timeout=180)
-@pytest.mark.parametrize("last_bucket", ["small", "ring"])
-def test_an_overflow_skips_the_same_step_everywhere(
-    mpi_ranks, last_bucket, monkeypatch
-):
+@pytest.mark.mpi(ranks=3, timeout=180)
+@pytest.mark.parametrize(
+    ("mode", "last_bucket"), [("sync", "small"), ("sync", "ring"), ("hybrid", "small")]
+)
+def test_an_overflow_skips_the_same_step_everywhere(mode, last_bucket, monkeypatch):
     """A loss scale with the CPU as the device stand-in: one worker's scaled
     gradient overflows at step 1. Every rank of the reduction skips that
     step (sync: every worker; hybrid: the group, which pushes nothing), the
     scale halves on each, nothing halts, and the other steps equal plain
-    float32 SGD without that step: the reduction carried true gradients."""
+    float32 SGD without that step: the reduction carried true gradients
+    (ring: the last bucket weighed raw in the ring, unscaled too)."""
     import hybridagg
 
-    if last_bucket == "ring":  # the last bucket weighed raw in the ring
+    if last_bucket == "ring":
         monkeypatch.setenv("HYBRIDAGG_RING_MIN_BYTES", "64")
-    mode = "sync" if mpi_ranks == 2 else "hybrid"
-    topo = hybridagg.init(servers=0 if mode == "sync" else 1)
+    groups, servers = LAYOUTS[mode]
+    topo = hybridagg.init(groups=groups, servers=servers)
     if topo.is_server:
         hybridagg.serve(topo)
         return
-    sizes = [[8, 6], [5, 7], [6, 6], [4, 8]]
+    sizes = [[8, 6, 5], [5, 7, 6], [6, 6, 4], [4, 8, 7]]
+    sizes = [sz[: topo.num_workers] for sz in sizes]
     scale = LossScale(scale=2.0**16, growth_interval=2)
     precision = Precision("none", CPU, loss_scale=scale)
     model, opt, results = train_steps(
