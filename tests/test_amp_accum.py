@@ -341,7 +341,7 @@ def test_bf16_with_accumulation_learns_the_digits_in_hybrid_mode(digits, tmp_pat
             "3",
             "--adaptive-batch",
             "--epochs",
-            "6",
+            "4",
             "--no-progress",
             "--eval-every",
             "10",
@@ -361,4 +361,4 @@ def test_bf16_with_accumulation_learns_the_digits_in_hybrid_mode(digits, tmp_pat
     steps = [r for r in steps if r["event"] == "step"]
     assert steps and not any(r["skipped"] for r in steps)
     # a step's batch is the update's (the passes are inside it)
-    assert sum(r["batch"] for r in steps) == s["samples"] == 6 * 1438
+    assert sum(r["batch"] for r in steps) == s["samples"] == 4 * 1438
