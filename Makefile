@@ -168,7 +168,7 @@ wheelhouse-gpu:
 		$(GPU_DEPS)
 	du -sh $(WHEELHOUSE_GPU)
 
-$(GPU_STAMP): $(wildcard setup.py) pyproject.toml
+$(GPU_STAMP): pyproject.toml
 	test -d $(WHEELHOUSE_GPU) || { echo "no $(WHEELHOUSE_GPU): run 'make wheelhouse-gpu' where there is network and carry it"; exit 2; }
 	test -x $(GPU_PY) || $(GPU_PYTHON) -m venv --system-site-packages $(GPU_VENV)
 	$(GPU_PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"

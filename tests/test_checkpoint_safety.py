@@ -83,6 +83,7 @@ def test_changes_ignore_what_does_not_alter_training():
         sample_ms=1.0,
         batch_probe=0,
         overwrite_checkpoints=True,
+        accumulate=4,
     )
     assert config_changes(before, after) == []
     assert config_changes(before, before) == []

@@ -407,11 +407,13 @@ def test_new_workers_get_the_counters_and_a_derived_rng():
         "train_time_s": 2.5,
         "time_to_target_s": None,
         "window_blocks": 2,
+        "loss_scale": {"scale": 1024.0, "good_steps": 3},
     }
     assert worker_part(plan, 1, ref, ref, seed=0) is ref
     made = worker_part(plan, 3, None, ref, seed=5)
     assert "rng" not in made and "loader" not in made
     assert made["step"] == 7 and made["epochs_done"] == 1 and made["window_blocks"] == 2
+    assert made["loss_scale"] == ref["loss_scale"]  # (--amp fp16 goes on)
     assert made["rng_seed"] == derived_seed(5, 3, 3)
     seeds = {derived_seed(5, 3, w) for w in range(64)}
     assert len(seeds) == 64  # every worker its own

@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # command line that users, scripts and the Slurm templates rely on.
 FLAGS = [
     "--accept-config-changes",
+    "--accumulate",
     "--adaptive-batch",
     "--adaptive-groups",
     "--allreduce-backend",
+    "--amp",
     "--batch-deadband",
     "--batch-first-window",
     "--batch-probe",
@@ -172,6 +174,13 @@ def test_help_shows_the_groups_and_the_defaults():
             "cannot be combined with --resume",
         ),
         ({"accept_config_changes": True}, "--accept-config-changes needs --resume"),
+        ({"amp": "fp8"}, "--amp must be one of none, bf16, fp16, got 'fp8'"),
+        ({"amp": "fp16"}, "--amp fp16 needs --device cuda"),
+        (
+            {"amp": "fp16", "device": "cuda", "mode": "hybrid", "stream_push": True},
+            "--amp fp16 does not combine with --stream-push",
+        ),
+        ({"accumulate": 0}, "--accumulate must be >= 1, got 0"),
     ],
 )
 def test_more_bad_values_name_their_flag(kw, match):

@@ -253,6 +253,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buffer_collectives = Collectives(self._control, settings)
         self._synced = False
         self._halted: str | None = None
+        self._scaling = False
+        self._overflowed = False
         self._finished = False
         self.last_total_samples = 0.0
         self.updates = 0
@@ -330,6 +332,57 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """This rank's current sample count."""
         return self._reducer.samples
 
+    def set_loss_scale(self, scale: float | None) -> None:
+        """Declare the loss scale of the next backward passes (mixed precision).
+
+        With a loss scaler (fp16 autocast), the loss is multiplied by
+        ``scale`` before backward so small gradients survive fp16. Each
+        gradient is divided by ``scale`` as it enters the reduction, with its
+        sample weight (no extra pass), so every rank, and in hybrid and
+        async mode the servers, receive true gradients. While a scale is
+        set, a reduced gradient that is not finite is an *overflow*, not a
+        fault: :meth:`step` applies nothing (in hybrid and async mode nothing
+        is pushed), :attr:`overflowed` says so, and the caller lowers its
+        scale. The reduced gradient is the same on every rank of the
+        reduction, so every rank skips the same step with no extra message.
+        A loss or averaged buffer that is not finite still halts
+        (:meth:`halt`). Persists until changed; ``None``: no loss scaling.
+
+        Args:
+            scale: The factor the loss was multiplied by (positive, finite),
+                or ``None``.
+
+        Raises:
+            ValueError: ``scale`` is not a positive finite number, or this
+                optimizer streams its pushes (see
+                :class:`~hybridagg.optimizer.server.ServerOptimizer`).
+        """
+        if scale is None:
+            self._scaling = False
+            self._reducer.loss_scale = 1.0
+            return
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not 0 < scale < float("inf")
+        ):
+            raise ValueError(
+                f"loss scale must be a positive finite number, got {scale!r}"
+            )
+        self._check_loss_scaling()
+        self._scaling = True
+        self._reducer.loss_scale = float(scale)
+
+    def _check_loss_scaling(self) -> None:
+        """Raise ``ValueError`` if this optimizer cannot skip an overflowed step."""
+
+    @property
+    def overflowed(self) -> bool:
+        """The last reduction's gradient was not finite under a loss scale
+        (:meth:`set_loss_scale`): that step applied nothing, on every rank of
+        the reduction."""
+        return self._overflowed
+
     def synchronize(self) -> float:
         """Finish reducing gradients (collective); ``.grad`` then holds the average.
 
@@ -346,10 +399,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._buffers:
             self._average_buffers()
         self._synced = True
+        self._overflowed = False
         if total > 0 and self._halted is None:
-            if not all_finite(b.flat for b in self._reducer.buckets):
+            grads_finite = all_finite(b.flat for b in self._reducer.buckets)
+            if not grads_finite and self._scaling:
+                self._overflowed = True  # the loss scale was too high: skip
+            elif not grads_finite:
                 self.halt(f"the reduced gradient {self._where()}is not finite")
-            elif self._buffers and not all_finite(self._buffers):
+            if self._halted is None and self._buffers and not all_finite(self._buffers):
                 self.halt(f"the averaged buffers {self._where()}are not finite")
         return total
 
@@ -408,7 +465,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._synced:
             self.synchronize()
         self._synced = False
-        if self._halted is None:  # a non-finite gradient changes nothing
+        # a non-finite gradient changes nothing; an overflow under a loss
+        # scale skips this step only
+        if self._halted is None and not self._overflowed:
             self._apply(self.last_total_samples)
         return loss
 

@@ -80,6 +80,15 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
                 bucket.index, bucket.flat, self._reducer.known_total, lrs
             )
 
+    def _check_loss_scaling(self) -> None:
+        if self._reducer.early_total:
+            # (the same on every rank of the group: its settings and devices)
+            raise ValueError(
+                "a loss scale needs stream_push=False: a streamed push sends "
+                "each bucket to the servers as the group's reduction completes "
+                "it, before the step knows whether any gradient overflowed"
+            )
+
     def _scope(self, topo: Topology) -> Comm:
         return topo.comms.group
 

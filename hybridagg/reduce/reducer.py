@@ -85,6 +85,11 @@ class GradientReducer:
             (:func:`hybridagg.devices.reduction_backend`): every rank must
             choose the same strategy.
 
+    Mixed precision: :attr:`loss_scale` (set before backward) is the factor
+    the loss was multiplied by; each gradient is divided by it together
+    with its sample weight, so the reduction (and whatever follows it: a
+    push to the servers) carries true gradients.
+
     Attributes:
         on_final: ``f(bucket)`` when a bucket becomes final before
             :meth:`synchronize` (in bucket order), or ``None``.
@@ -180,6 +185,9 @@ class GradientReducer:
         ]
         self._closed = False
         self.samples = 1.0
+        self.loss_scale = 1.0
+        """What the loss was multiplied by before backward (a loss scaler's
+        scale): each gradient is divided by it as it enters the reduction."""
         self.enabled = True
         self._misuse = 0
         self._got_grad = [False] * len(self.params)
@@ -267,8 +275,14 @@ class GradientReducer:
             return
         if grad.data_ptr() != view.data_ptr():  # not accumulated in the bucket
             view.copy_(grad)
-        if self.samples != 1.0 and i not in self._raw:
-            view.mul_(self.samples)
+        # the sample weight and the loss scale's inverse in one pass, so
+        # every rank contributes its true gradient at no extra cost (a
+        # scaler's scale is a power of two: dividing by it is exact)
+        factor = 1.0 if i in self._raw else self.samples
+        if self.loss_scale != 1.0:
+            factor /= self.loss_scale
+        if factor != 1.0:
+            view.mul_(factor)
 
     def point_grads_at_buckets(self) -> None:
         """Zero the buckets and make each ``.grad`` a view into its bucket.

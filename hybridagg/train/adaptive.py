@@ -11,7 +11,10 @@ group's total so groups reach the server at similar rates. ``async``: server
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -81,13 +84,20 @@ class AdaptiveBatches:
                 max_batch=cfg.max_batch,
             )
 
-    def probe(self, model: torch.nn.Module, loss_fn, pacer) -> None:
+    def probe(
+        self,
+        model: torch.nn.Module,
+        loss_fn,
+        pacer,
+        autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    ) -> None:
         """Split the batch by every member's measured speed before the first step.
 
         Each member of the controller's scope times a forward and backward of
         ``--batch-probe`` samples of zeros (after one untimed pass; no
         reduction, gradients dropped, model in eval mode so normalisation
-        statistics stay untouched, paced like a real step), the times are
+        statistics stay untouched, paced like a real step; forward and loss
+        under ``autocast``, ``--amp``'s), the times are
         gathered, and they are the controller's first window. Without it the first window runs at the
         slowest worker's pace (measured at 4x: two slow steps cost about 2%
         of a 10-epoch digits run). Collective over the scope.
@@ -107,9 +117,13 @@ class AdaptiveBatches:
             with self.opt.no_sync():
                 # once untimed: a first pass pays one-time costs (allocations,
                 # lazy initialisation) that made fast workers look 2x slower
-                loss_fn(model(x), y).backward()
+                with autocast():
+                    first = loss_fn(model(x), y)
+                first.backward()
                 t0 = time.perf_counter()
-                loss_fn(model(x), y).backward()
+                with autocast():
+                    timed_loss = loss_fn(model(x), y)
+                timed_loss.backward()
                 compute = time.perf_counter() - t0
         finally:
             for module, training in modes:

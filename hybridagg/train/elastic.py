@@ -213,7 +213,7 @@ def worker_part(
     """The part a new worker continues from, when it has none of its own.
 
     Its counters (steps, epochs, training time, updates, the data's
-    ``window_blocks``) are the reference worker's: in sync they are the
+    ``window_blocks``, the fp16 loss scale) are the reference worker's: in sync they are the
     same on every worker, and elsewhere the lowest running worker's stand
     for the run. Its RNG is not copied (two workers drawing the same
     numbers would not be independent) but marked to be derived
@@ -230,7 +230,8 @@ def worker_part(
     if own is not None:
         return own
     part = {k: reference[k] for k in _COUNTERS if k in reference}
-    if "window_blocks" in reference:
-        part["window_blocks"] = reference["window_blocks"]
+    for key in ("window_blocks", "loss_scale"):  # (--amp fp16: the scale goes on)
+        if key in reference:
+            part[key] = reference[key]
     part["rng_seed"] = derived_seed(seed, plan.checkpoint, worker)
     return part

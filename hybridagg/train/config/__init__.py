@@ -9,7 +9,8 @@ the flag's help (:mod:`.fields`).
 
 Each concern is a frozen dataclass of its own that checks its own fields:
 what to train (:mod:`.training`), how to aggregate (:mod:`.aggregation`),
-what a dead rank does to the run (:mod:`.failures`), heterogeneity (:mod:`.heterogeneity`), measuring and saving
+how a worker computes its step (:mod:`.compute`), what a dead rank does to the
+run (:mod:`.failures`), heterogeneity (:mod:`.heterogeneity`), measuring and saving
 (:mod:`.outputs`). :class:`TrainConfig` is all of them together
 (:data:`CONCERNS`, in the order of ``--help``) and adds the checks that span
 concerns. :mod:`.changes` compares a checkpoint's configuration with a
@@ -32,6 +33,7 @@ from .aggregation import (
     StalenessOptions,
     TopologyOptions,
 )
+from .compute import AMP_MODES, ComputeOptions
 from .failures import ON_GROUP_FAILURE, FailureOptions
 from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
@@ -48,6 +50,7 @@ from .training import (
 
 __all__ = [
     "ALLREDUCE_BACKENDS",
+    "AMP_MODES",
     "CONCERNS",
     "LOG_LEVELS",
     "LOSSES",
@@ -57,6 +60,7 @@ __all__ = [
     "WIRE_FORMATS",
     "AdaptiveOptions",
     "CheckpointOptions",
+    "ComputeOptions",
     "DataOptions",
     "EmulationOptions",
     "EvaluationOptions",
@@ -85,6 +89,7 @@ class TrainConfig(
     AdaptiveOptions,
     EmulationOptions,
     FailureOptions,
+    ComputeOptions,
     ExecutionOptions,
     StalenessOptions,
     TopologyOptions,
@@ -124,6 +129,17 @@ class TrainConfig(
         if self.adaptive_groups and not (self.adaptive_batch and self.mode == "hybrid"):
             raise ValueError(
                 "--adaptive-groups needs --adaptive-batch and --mode hybrid"
+            )
+        if self.amp == "fp16" and self.device == "cpu":
+            raise ValueError(
+                "--amp fp16 needs --device cuda: autocast on the CPU computes in "
+                "bf16 (--amp bf16)"
+            )
+        if self.amp == "fp16" and self.stream_push:
+            raise ValueError(
+                "--amp fp16 does not combine with --stream-push: a streamed push "
+                "sends each bucket to the servers before the step knows whether "
+                "a gradient overflowed the loss scale"
             )
         if self.loss == "mse" and self.target_accuracy is not None:
             raise ValueError(

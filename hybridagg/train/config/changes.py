@@ -12,7 +12,8 @@ by field, and sorts each difference into one of four kinds:
   progress bar, validation's cadence and target, the checkpoint folder
   (which may have been moved), checkpoint cadence and the resume flags
   themselves, the device, the all-reduce backend and ``--stream-push``
-  (the same arithmetic, other hardware or another timing of the messages), the emulated slowdown (``--slowdown``, ``--sample-ms``:
+  (the same arithmetic, other hardware or another timing of the messages),
+  ``--accumulate`` (the same update in fewer or more passes), the emulated slowdown (``--slowdown``, ``--sample-ms``:
   they change how long a step takes, as another machine would) and the
   batch probe (skipped on resume). They are not reported.
 * **resharded** (:data:`RESHARDED`): ``--groups`` and ``--servers``. A run
@@ -63,6 +64,7 @@ HARMLESS = frozenset(
         "device",
         "allreduce_backend",
         "stream_push",
+        "accumulate",
         "slowdown",
         "sample_ms",
         "batch_probe",

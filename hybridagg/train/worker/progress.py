@@ -44,6 +44,10 @@ class StepLog:
         self.busy = 0.0
         self.wait_total = 0.0
         self.stale_sum, self.stale_n = 0, 0
+        self.skipped = 0
+        # one rank per reduction counts its skipped steps (every rank of it
+        # skipped the same ones): rank 0 in sync, each group's leader elsewhere
+        self.counts_skips = topo.rank == 0 if sync else topo.is_leader
         self.cpu0 = time.process_time()
 
     def record(self, r: StepResult, epoch: int) -> None:
@@ -52,6 +56,7 @@ class StepLog:
         self.samples += r.samples
         self.busy += r.compute_s + r.pace_s + r.comm_s + r.data_wait_s
         self.wait_total += r.data_wait_s
+        self.skipped += int(r.skipped)
         if self.topo.is_leader and r.total_samples > 0 and not self.sync:
             self.stale_sum += r.staleness
             self.stale_n += 1
@@ -71,6 +76,7 @@ class StepLog:
             data_wait_s=r.data_wait_s,
             staleness=r.staleness,
             loss=r.loss,
+            skipped=r.skipped,
         )
 
     def report(self, wall_s: float) -> dict:
@@ -83,6 +89,7 @@ class StepLog:
             "wall_s": wall_s,
             "stale_sum": self.stale_sum,
             "stale_n": self.stale_n,
+            "skipped_updates": self.skipped if self.counts_skips else 0,
             **machine_usage(self.cpu0),
         }
 

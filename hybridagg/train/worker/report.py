@@ -104,6 +104,11 @@ def summarize(
         "lookahead": cfg.lookahead and cfg.mode != "sync",
         "lookahead_horizon": cfg.lookahead_horizon,
         "wire": cfg.wire,
+        "amp": cfg.amp,
+        "accumulate": cfg.accumulate,
+        # --amp fp16: updates skipped because the gradient overflowed the loss
+        # scale, summed over the reductions (sync: one; else one per group)
+        "skipped_updates": sum(r.get("skipped_updates", 0) for r in workers),
         "seed": cfg.seed,
         "resumed_from": str(resumed_from) if resumed_from else None,
         "run_id": run_id,

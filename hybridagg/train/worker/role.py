@@ -133,6 +133,7 @@ class WorkerRole:
         cfg, topo, world = self.cfg, self.topo, self.world
         local = _agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
         self.model, self.optimizer = local.model, local.optimizer
+        self.precision = local.precision
         counter = self.chunks.client if self.chunks is not None else None
         self.loader = _agreed(
             world, "data", lambda: make_loader(cfg, topo, local, self.resumed, counter)
@@ -245,6 +246,8 @@ class WorkerRole:
             "updates_to_target": self.validation.first_target_update,
             # the sample order the saved position refers to
             "window_blocks": self.loader.window_blocks,
+            # --amp fp16: the loss scale continues where it was
+            "loss_scale": self.precision.state_dict(),
         }
         if self.loader.sample_log is not None:
             # every batch logged before this line is in the saved position
@@ -269,9 +272,19 @@ class WorkerRole:
                 if cfg.loss != "mse"
                 else (lambda out, _y: loss(out, torch.zeros_like(out)))
             )
-            self.adaptive.probe(self.model, probe_loss, pacer)
+            self.adaptive.probe(
+                self.model, probe_loss, pacer, autocast=self.precision.autocast
+            )
         stepper = Stepper(
-            self.model, opt, self.loader, pacer, self.signal, self.rows, loss=loss
+            self.model,
+            opt,
+            self.loader,
+            pacer,
+            self.signal,
+            self.rows,
+            loss=loss,
+            precision=self.precision,
+            accumulate=cfg.accumulate,
         )
         fault = at_step(self.rank)  # tests only: a death or a hang at a step
         self.epochs.begin()

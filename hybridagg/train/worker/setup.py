@@ -23,6 +23,7 @@ from ..evaluate import Evaluator
 from ..export import check_destination
 from ..losses import check_task
 from ..models import build_model, check_fits, resolve_device
+from ..precision import Precision
 from ..resume import Resumed
 from ..resume_parts import window_blocks_for
 
@@ -52,6 +53,8 @@ class Local:
     """This rank's part of the checkpoint resumed from (made for it if it had none)."""
     done_already: bool = False
     """The checkpoint has no part for this rank: its group had finished (hybrid, async)."""
+    precision: Precision | None = None
+    """``--amp``: autocast and the loss scale (continued from the part resumed)."""
 
 
 def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> Local:
@@ -91,6 +94,7 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
         check_destination(cfg.save_model)  # (not after hours of training)
     # (init resolved --device for this rank: auto to its node-local GPU or the CPU)
     device = resolve_device(topo.device, topo.rank)
+    precision = Precision.for_run(cfg.amp, device)  # (fp16 on a CPU: refused)
     model = build_model(cfg.model, info.sample_shape, info.num_classes).to(device)
     check_fits(model, info.sample_shape, info.num_classes, cfg.model, device, cfg.loss)
     optimizer = make_optimizer(cfg, model)
@@ -99,13 +103,22 @@ def set_up_local(cfg: TrainConfig, topo: Topology, resumed: Resumed | None) -> L
         if topo.rank == 0
         else None
     )
-    local = Local(model, optimizer, device, evaluator, window_blocks, statistics)
+    local = Local(
+        model,
+        optimizer,
+        device,
+        evaluator,
+        window_blocks,
+        statistics,
+        precision=precision,
+    )
     if resumed is None:
         return local
     local.part = resumed.part
     if local.part is None:  # start_run checked that its group had finished
         local.done_already = True
         return local
+    precision.load_state_dict(local.part.get("loss_scale"))
     if cfg.mode == "sync":
         try:
             model.load_state_dict(resumed.first["model"])

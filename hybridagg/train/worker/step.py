@@ -1,7 +1,22 @@
-"""One worker step: a batch through forward and backward, paced, shared, applied."""
+"""One worker step: a batch through forward and backward, paced, shared, applied.
+
+With ``--accumulate N`` the batch goes through N backward passes of about
+batch/N samples (:func:`pass_sizes`). Each pass's loss is weighted by its
+share of the batch, so the passes' gradients sum to the whole batch's mean
+gradient; the passes before the last run under ``opt.no_sync()`` (the
+gradients accumulate in the reduction's buckets, nothing is sent) and the
+last one reduces as a single pass would, overlapped with its backward. The
+update is the one a single pass over the batch gives, up to rounding.
+
+With ``--amp`` each pass's forward and loss run under autocast
+(:class:`~hybridagg.train.precision.Precision`); with a loss scale (fp16)
+a step whose reduced gradient overflowed applies nothing on any rank of
+the reduction (:attr:`StepResult.skipped`) and the scale is lowered.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -12,6 +27,7 @@ import torch
 from ...optimizer import DistributedOptimizer
 from ..emulation import Pacer
 from ..pacing import LayerPacer
+from ..precision import Precision
 from .epochs import Epochs
 
 if TYPE_CHECKING:  # stopping reads the STOP column from here
@@ -27,6 +43,7 @@ __all__ = [
     "Stepper",
     "loss_fn",
     "nonfinite_losses",
+    "pass_sizes",
 ]
 
 # Columns of the values every step shares (``opt.shared``: one row per worker
@@ -65,6 +82,27 @@ class StepResult:
     nonfinite: str | None = None
     """What was not finite, if a loss or the reduced gradient was: no update
     was applied and training stops (the same on every rank of the reduction)."""
+    skipped: bool = False
+    """The reduced gradient overflowed the loss scale (fp16): no update was
+    applied, on every rank of the reduction, and training goes on."""
+
+
+def pass_sizes(samples: int, passes: int) -> list[int]:
+    """How ``samples`` samples split into at most ``passes`` backward passes.
+
+    As ``torch.tensor_split``: sizes differ by at most one, larger first;
+    never an empty pass (a batch smaller than ``passes`` takes one pass per
+    sample).
+
+    Args:
+        samples: The batch (0: no pass).
+        passes: ``--accumulate``.
+    """
+    k = min(samples, passes)
+    if k == 0:
+        return []
+    base, extra = divmod(samples, k)
+    return [base + 1] * extra + [base] * (k - extra)
 
 
 def nonfinite_losses(shared: torch.Tensor, ranks: list[int]) -> str | None:
@@ -99,6 +137,8 @@ class Stepper:
         ranks: The world rank of each worker of the reduction (the rows of
             the shared values), for messages.
         loss: The training loss, ``loss(output, labels)`` (``--loss``).
+        precision: Autocast and the loss scale (``--amp``; default float32).
+        accumulate: Backward passes per update (``--accumulate``).
     """
 
     def __init__(
@@ -110,10 +150,18 @@ class Stepper:
         signal: StopSignal,
         ranks: list[int],
         loss=loss_fn,
+        precision: Precision | None = None,
+        accumulate: int = 1,
     ) -> None:
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int):
+            raise TypeError(f"accumulate must be an int, got {accumulate!r}")
+        if accumulate < 1:
+            raise ValueError(f"--accumulate must be >= 1, got {accumulate}")
         self.model, self.opt, self.loader = model, opt, loader
         self.loss = loss
         self.pacer, self.signal, self.ranks = pacer, signal, ranks
+        self.precision = precision or Precision("none", torch.device("cpu"))
+        self.accumulate = accumulate
         self.layers: LayerPacer | None = None  # made at the first batch
 
     def _layers(self, sample: torch.Tensor) -> LayerPacer:
@@ -133,16 +181,11 @@ class Stepper:
         n = 0 if batch is None else len(batch[1])
         opt.set_samples(n)
         opt.zero_grad()
+        self.precision.begin(opt)
         loss_value = None
         compute = slept = 0.0
         if n:
-            x, y = batch
-            layers = self._layers(x[:1])
-            layers.begin(n)
-            loss = self.loss(self.model(x), y)
-            loss.backward()
-            loss_value = float(loss.detach())
-            compute, slept = layers.end()
+            loss_value, compute, slept = self._passes(*batch)
         # static shares know when this worker's epoch ends; None: unknown (dynamic)
         more = 0.0 if loader.batches_left == 0 else 1.0
         loss_out = 0.0 if loss_value is None else loss_value
@@ -152,8 +195,9 @@ class Stepper:
         bad_loss = nonfinite_losses(opt.shared, self.ranks)
         if bad_loss is not None:
             opt.halt(bad_loss)
-        opt.step()  # (applies nothing once halted)
+        opt.step()  # (applies nothing once halted, or after an overflow)
         comm_s = time.perf_counter() - t1
+        self.precision.end(opt.overflowed)
         return StepResult(
             samples=n,
             loss=loss_value,
@@ -165,4 +209,41 @@ class Stepper:
             total_samples=opt.last_total_samples,
             staleness=opt.last_staleness,
             nonfinite=opt.nonfinite,
+            skipped=opt.overflowed,
         )
+
+    def _passes(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, float]:
+        """Forward and backward of the batch ``(x, y)`` in ``--accumulate`` passes.
+
+        Each pass is paced on its own samples (the emulated compute of a
+        pass of ``m`` samples), so the step's emulated time is the batch's.
+
+        Returns:
+            ``(loss, compute_s, slept_s)``: the batch's mean loss, and the
+            passes' real compute and sleeps.
+        """
+        n = len(y)
+        sizes = pass_sizes(n, self.accumulate)
+        layers = self._layers(x[:1])
+        total = None
+        compute = slept = 0.0
+        for k, (xk, yk) in enumerate(zip(x.split(sizes), y.split(sizes), strict=True)):
+            last = k == len(sizes) - 1
+            # the passes before the last accumulate locally; the last reduces
+            held = contextlib.nullcontext() if last else self.opt.no_sync()
+            with held:
+                layers.begin(len(yk))
+                with self.precision.autocast():
+                    loss = self.loss(self.model(xk), yk)
+                # weighted by the pass's share: the passes' gradients sum to
+                # the batch's mean gradient (mean losses; one pass: weight 1)
+                if len(sizes) > 1:
+                    loss = loss * (len(yk) / n)
+                self.precision.scale(loss).backward()
+                c, s = layers.end()
+            compute, slept = compute + c, slept + s
+            # (at least float32: a float64 model's loss keeps its precision)
+            part = loss.detach()
+            part = part.to(torch.promote_types(part.dtype, torch.float32))
+            total = part if total is None else total + part
+        return float(total), compute, slept
