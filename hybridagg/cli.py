@@ -10,6 +10,8 @@ Subcommands:
         write a data set in hybridagg's HDF5 format (train/val/test splits).
     ``hybridagg train --data FILE.h5 --mode sync|hybrid|async ...``
         train a model; launch on every rank (``mpiexec -n N hybridagg train``).
+    ``hybridagg simulate --profile P.json [--cluster C.yaml | --ranks N] ...``
+        predict a training run (train's options) on SimGrid.
 """
 
 from __future__ import annotations
@@ -139,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Launch on every rank: mpiexec -n N hybridagg train --data FILE.h5 ...",
     )
     add_arguments(train)
+    from .train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="predict a training run on a cluster (SimGrid)",
+        description="Predict samples/s, time per update and staleness of a "
+        "training run (the options of hybridagg train) on a cluster file, "
+        "from a model's profile (hybridagg profile), with SimGrid.",
+    )
+    add_arguments(simulate, SimulateConfig, SIMULATE_CONCERNS)
     return parser
 
 
@@ -508,6 +520,83 @@ def _end_if_peer_failed(exc: BaseException) -> None:
 
 
 _COMMANDS["train"] = _cmd_train
+
+
+def _train_samples(path: str) -> int:
+    """The training split's size of a data file (for ``--epochs``)."""
+    from .data.format import inspect_split, open_file
+
+    with open_file(path) as f:
+        return inspect_split(f, "train", path=path).length
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``hybridagg simulate``: exit 2 with one message on bad input."""
+    import json
+
+    from .runtime.outcomes import ExitCode
+    from .sim import build_job, load_cluster, load_profile, machine_cluster, simulate
+    from .sim._simgrid import SimGridMissing
+    from .train.config.simulation import SimulateConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, SimulateConfig)
+        profile = load_profile(cfg.profile)
+        servers = cfg.num_servers
+        if cfg.cluster is None:
+            cluster = machine_cluster(profile, cfg.ranks - servers, servers)
+        else:
+            cluster = load_cluster(cfg.cluster)
+            if cfg.ranks is not None:
+                cluster = cluster.scaled(cfg.ranks - servers)
+        samples = cfg.samples
+        if samples is None and cfg.data is not None:
+            samples = _train_samples(cfg.data)
+        job = build_job(cfg, cluster, profile, samples=samples)
+        prediction = simulate(job, timeout=cfg.sim_timeout)
+    except SimGridMissing as exc:
+        print(f"hybridagg simulate: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg simulate: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    result = {
+        "mode": cfg.mode,
+        "cluster": cluster.name,
+        "workers": len(job.workers),
+        "servers": len(job.servers),
+        "groups": job.groups if len(job.groups) <= 64 else len(job.groups),
+        **prediction.as_dict(),
+    }
+    rows = [
+        (
+            "cluster",
+            f"{cluster.name} ({len(job.workers)} workers, {len(job.servers)} servers)",
+        ),
+        ("mode", f"{cfg.mode}, {len(job.groups)} group(s)"),
+        ("samples/s", f"{prediction.samples_per_sec:.1f}"),
+        ("ideal samples/s", f"{prediction.ideal_samples_per_sec:.1f}"),
+        (
+            "time for the run",
+            f"{prediction.time_s:.3f} s ({prediction.updates} updates)",
+        ),
+        ("mean staleness", f"{prediction.mean_staleness:.2f}"),
+    ]
+    shown = [t for t in prediction.group_update_s[:8] if t is not None]
+    more = " ..." if len(prediction.group_update_s) > 8 else ""
+    rows.append(("s per update/group", " ".join(f"{t:.4f}" for t in shown) + more))
+    rows.append(("simulation took", f"{prediction.wall_s:.2f} s"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+_COMMANDS["simulate"] = _cmd_simulate
 
 
 def main(argv: list[str] | None = None) -> int:

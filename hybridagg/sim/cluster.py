@@ -138,6 +138,8 @@ class ClusterSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"{self._where}node_types: names {dup} appear twice")
+        if self.num_devices < 1:
+            raise ValueError(f"{self._where}node_types: no node type has devices")
         unknown = [n for n in self.servers.node_types if n not in names]
         if unknown:
             raise ValueError(
@@ -185,6 +187,9 @@ class ClusterSpec:
             )
         types = []
         for t in self.node_types:
+            if t.devices == 0:  # server nodes stay
+                types.append(t)
+                continue
             nodes = t.count * workers / total
             if nodes != int(nodes) or nodes < 1:
                 raise ValueError(
@@ -200,7 +205,8 @@ def _step(cluster: ClusterSpec) -> int:
     """The smallest number of workers that :meth:`ClusterSpec.scaled` accepts."""
     g = 0
     for t in cluster.node_types:
-        g = math.gcd(g, t.count)
+        if t.devices:
+            g = math.gcd(g, t.count)
     return cluster.num_devices // g
 
 
@@ -276,12 +282,14 @@ class _Fields:
         except (ValueError, TypeError) as exc:
             raise self.error(key, str(exc)) from None
 
-    def integer(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+    def integer(
+        self, key: str, default: Any = None, *, required: bool = False, low: int = 1
+    ) -> Any:
         value = self.get(key, None, required=required)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(key, f"must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise self.error(key, f"must be an integer >= {low}, got {value!r}")
         return value
 
     def number(self, key: str, default: float, *, positive: bool = True) -> float:
@@ -338,7 +346,7 @@ def _node_type(data: Any, index: int, path: Path) -> NodeType:
     node = NodeType(
         name=name,
         count=f.integer("count", required=True),
-        devices=f.integer("devices", required=True),
+        devices=f.integer("devices", required=True, low=0),  # 0: a node for servers
         speed=f.number("speed", 1.0),
         memory=f.convert("memory", lambda v: parse_size(v, "memory")),
         price_per_hour=f.number("price_per_hour", 0.0, positive=False),

@@ -97,7 +97,7 @@ class _Sim:
         for n, node in enumerate(job.nodes):
             if node["shared"]:
                 host = zone.create_host(f"{node['name']}", float(node["speed"]))
-                host.set_core_count(int(node["cores"]))
+                host.core_count = int(node["cores"])
                 host.seal()
                 self._attach(
                     zone, host.netpoint, core, self._link(zone, f"nic{n}", job.inter)

@@ -36,6 +36,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
+from .config.simulation import SIMULATE_CONCERNS
 
 __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 
@@ -43,7 +44,9 @@ __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 @functools.cache
 def field_docs() -> dict[str, str]:
     """Each configuration field's docstring (the string literal after the field)."""
-    modules = dict.fromkeys(sys.modules[c.__module__] for c in CONCERNS)
+    modules = dict.fromkeys(
+        sys.modules[c.__module__] for c in (*CONCERNS, *SIMULATE_CONCERNS)
+    )
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
     docs: dict[str, str] = {}
     for node in nodes:
@@ -107,30 +110,50 @@ def _add(group: argparse._ArgumentGroup, f: Field, hint: Any) -> None:
     group.add_argument(flag(f.name), **kwargs)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the options of ``hybridagg train`` to ``p``, one per configuration field."""
-    hints = typing.get_type_hints(TrainConfig)
+def add_arguments(
+    p: argparse.ArgumentParser,
+    config: type = TrainConfig,
+    concerns: tuple[type, ...] = CONCERNS,
+) -> None:
+    """Add the options of ``hybridagg train`` to ``p``, one per configuration field.
+
+    Args:
+        p: The parser.
+        config: The configuration class (``SimulateConfig`` for ``hybridagg
+            simulate``); a field it redefines (its default) wins over the
+            concern's.
+        concerns: Its concerns, in the order of ``--help``.
+    """
+    hints = typing.get_type_hints(config)
+    final = {f.name: f for f in fields(config)}
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for concern in CONCERNS:
+    for concern in concerns:
         title = concern.help_group
         if title not in groups:
             groups[title] = p.add_argument_group(title)
         for f in fields(concern):
-            _add(groups[title], f, hints[f.name])
+            if f.name in final and final[f.name] is not f:
+                # redefined by the configuration class: added once, by its concern
+                owner = next(c for c in concerns if f.name in c.__dataclass_fields__)
+                if owner is not concern:
+                    continue
+            _add(groups[title], final[f.name], hints[f.name])
 
 
-def option_strings() -> list[str]:
-    """Every flag of ``hybridagg train``, sorted (``-h`` and ``--help`` left out)."""
+def option_strings(
+    config: type = TrainConfig, concerns: tuple[type, ...] = CONCERNS
+) -> list[str]:
+    """Every flag of ``hybridagg train`` (or of ``config``), sorted (``-h``, ``--help`` left out)."""
     p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p)
+    add_arguments(p, config, concerns)
     return sorted(s for a in p._actions for s in a.option_strings)
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Build and validate a :class:`TrainConfig` from parsed arguments.
+def config_from_args(args: argparse.Namespace, config: type = TrainConfig) -> Any:
+    """Build and validate a :class:`TrainConfig` (or ``config``) from parsed arguments.
 
     Raises:
         ValueError: A bad value, naming its flag.
     """
-    names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    names = {f.name for f in fields(config)}
+    return config(**{k: v for k, v in vars(args).items() if k in names})

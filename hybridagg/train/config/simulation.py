@@ -1,0 +1,73 @@
+"""``hybridagg simulate``'s configuration: ``hybridagg train``'s options and its own.
+
+:class:`SimulateConfig` is :class:`~hybridagg.train.config.TrainConfig` (every
+training flag, checked the same way) with ``--data`` made optional (a
+simulation reads no data; the file, when given, tells the epoch's size) and
+:class:`SimulationOptions` added. Pure logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import TrainConfig
+from .fields import Concern, check_declared, option
+
+__all__ = ["SIMULATE_CONCERNS", "SimulateConfig", "SimulationOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationOptions(Concern):
+    """What to simulate on: the cluster, the profile, and where the prediction goes."""
+
+    help_group: ClassVar[str] = "simulation"
+
+    profile: str
+    """profile file from 'hybridagg profile' (what the model needs)"""
+
+    cluster: str | None = None
+    """cluster file (YAML, JSON or TOML; default: this machine as profiled,
+    with --ranks ranks)"""
+
+    ranks: int | None = option(None, at_least=2)
+    """ranks of the job, servers included, as mpiexec -n would give them
+    (with --cluster: the cluster cut down to this many workers plus the
+    servers, each node type keeping its share; default: every device)"""
+
+    samples: int | None = option(None, at_least=1)
+    """training samples per epoch, for --epochs (default: --data's training
+    split)"""
+
+    json: str | None = None
+    """also write the prediction to this JSON file"""
+
+    sim_timeout: float = option(600.0, at_least=1)
+    """seconds the simulation may run before it is stopped"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig(SimulationOptions, TrainConfig):
+    """``hybridagg simulate``'s options (see ``hybridagg simulate --help``).
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+    data: str | None = option(
+        None,
+        help="HDF5 file from 'hybridagg convert' (only its size is read, for --epochs)",
+    )
+
+    def __post_init__(self) -> None:
+        TrainConfig.__post_init__(self)
+        check_declared(self, SimulationOptions)
+        SimulationOptions._check(self)
+        if self.cluster is None and self.ranks is None:
+            raise ValueError(
+                "give --cluster FILE, or --ranks N to simulate this machine"
+            )
+
+
+SIMULATE_CONCERNS: tuple[type, ...] = (SimulationOptions, *TrainConfig.__bases__[::-1])
+"""The concerns of ``hybridagg simulate``, in the order of its ``--help``."""
