@@ -80,10 +80,13 @@ class NodeType:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a node type needs a name")
-        for what, value in (("count", self.count), ("devices", self.devices)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        for what, value, low in (
+            ("count", self.count, 1),
+            ("devices", self.devices, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(
-                    f"node type {self.name!r}: {what} must be an integer >= 1, got {value!r}"
+                    f"node type {self.name!r}: {what} must be an integer >= {low}, got {value!r}"
                 )
         if self.cores is not None and (
             isinstance(self.cores, bool)

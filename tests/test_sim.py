@@ -1,0 +1,188 @@
+"""hybridagg.sim: cluster and profile files, and the SimGrid simulator's closed forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from hybridagg.sim import (
+    ClusterSpec,
+    LinkSpec,
+    NodeType,
+    ServerPlacement,
+    build_job,
+    load_cluster,
+    load_profile,
+    ring_allreduce_seconds,
+    simulate,
+)
+from hybridagg.sim._simgrid import SimGridMissing, find_extension
+from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
+
+try:
+    find_extension()
+    HAVE_SIMGRID = True
+except SimGridMissing:
+    HAVE_SIMGRID = False
+needs_simgrid = pytest.mark.skipif(
+    not HAVE_SIMGRID, reason="SimGrid is not installed (make simgrid)"
+)
+
+PROFILE = Profile(
+    model="m",
+    parameters=25_000_000,
+    sample_shape=(3,),
+    forward_s_per_sample=0.001,
+    backward_s_per_sample=0.002,
+    parameter_bytes=1e8,
+    activation_bytes_per_sample=0.0,
+    server=ServerFit(seconds_per_update=0.004, seconds_per_byte=2e-10),
+    machine=MachineInfo(cores=2, memcpy_Bps=5e9),
+)
+
+
+def options(**kw):
+    base = dict(
+        mode="sync", groups=None, servers=None, batch_size=32, slowdown=None,
+        sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
+        max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
+    )  # fmt: skip
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def gpus(n: int, bw: float = 1e9, lat: float = 1e-5, per_node: int = 2) -> ClusterSpec:
+    node = NodeType(name="g", count=1, devices=n)
+    return ClusterSpec(
+        name="t", node_types=(node,), intra_node=LinkSpec(bw, lat),
+        inter_node=LinkSpec(bw, lat), servers=ServerPlacement(("g",), per_node),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ files
+def test_example_clusters_load():
+    big = load_cluster("examples/clusters/two-generation-1024.yaml")
+    assert big.num_devices == 1024
+    assert big.inter_node.bandwidth == 25e9 / 8
+    assert big.intra_node.bandwidth == 100e9 / 8
+    assert big.scaled(64).num_devices == 64
+    assert load_cluster("examples/clusters/four-workers-10g.yaml").num_devices == 4
+    assert load_cluster("examples/clusters/this-machine.yaml").node_types[0].cores == 2
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("links: {}\nnode_types: []", "links.intra_node: missing"),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: fast}}\n"
+            "node_types: [{name: a, count: 1, devices: 1}]",
+            "links.inter_node.bandwidth",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 0, devices: 1}]",
+            "node_types[0] (a).count: must be an integer >= 1",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 1, devices: 1, sped: 2}]",
+            "unknown field(s) sped",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 1, devices: 1}]\nservers: {node_types: [b]}",
+            "servers.node_types names ['b']",
+        ),
+        ("links: [", "is not valid YAML"),
+    ],
+)
+def test_bad_cluster_files_are_refused_naming_file_and_field(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_cluster(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_profile_round_trip_and_bad_profiles(tmp_path):
+    path = save_profile(PROFILE, tmp_path / "p.json")
+    assert load_profile(path) == PROFILE
+    data = json.loads(path.read_text())
+    data["server"]["seconds_per_byte"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"server\.seconds_per_byte must be >= 0"):
+        load_profile(path)
+    data["format"] = "other"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not a profile file"):
+        load_profile(path)
+
+
+def test_groups_and_servers_must_fit():
+    with pytest.raises(ValueError, match="do not fit the cluster's server placement"):
+        build_job(options(mode="hybrid", servers=3), gpus(4, per_node=2), PROFILE)
+    with pytest.raises(ValueError, match="workers"):
+        build_job(options(mode="hybrid", groups="0-1,2-5"), gpus(4), PROFILE)
+
+
+def test_adaptive_batches_follow_speed():
+    job = build_job(options(adaptive_batch=True, slowdown="2-3:3"), gpus(4), PROFILE)
+    assert [w["batch"] for w in job.workers] == [48, 48, 16, 16]
+
+
+# --------------------------------------------------------------- simulator
+@needs_simgrid
+@pytest.mark.parametrize("n", [2, 8])
+def test_sync_step_is_compute_plus_closed_form_ring(n):
+    bw, lat = 1e9, 1e-5
+    prediction = simulate(build_job(options(steps=3), gpus(n, bw, lat), PROFILE))
+    ring = ring_allreduce_seconds(n, 1e8, bw, lat)
+    assert prediction.time_s == pytest.approx(3 * (32 * 0.003 + ring), rel=1e-9)
+    assert prediction.samples == 3 * 32 * n
+
+
+@needs_simgrid
+def test_one_server_is_bound_by_its_service_rate():
+    # 8 async workers, each pushing far faster than one server serves: the
+    # server's service time sets the rate (transfers are tiny)
+    profile = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+    job = build_job(
+        options(mode="async", servers=1, steps=400, sample_ms=0.01, batch_size=1),
+        gpus(8, bw=1e12, lat=0.0),
+        profile,
+    )
+    prediction = simulate(job)
+    service = 0.004 + 4000 * 2e-10
+    assert prediction.updates == 400
+    assert prediction.time_s == pytest.approx(400 * service, rel=1e-3)
+    assert prediction.mean_staleness > 5
+
+
+@needs_simgrid
+def test_command_line_prediction_and_missing_cluster(tmp_path):
+    prof = save_profile(PROFILE, tmp_path / "p.json")
+    out = tmp_path / "pred.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--cluster", "examples/clusters/four-workers-10g.yaml", "--mode", "hybrid",
+         "--groups", "0-1,2-3", "--steps", "10", "--sample-ms", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["updates"] == 10
+    assert 0 < result["samples_per_sec"] < result["ideal_samples_per_sec"]
+    assert len(result["group_update_s"]) == 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--cluster", str(tmp_path / "none.yaml"), "--steps", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "does not exist" in bad.stderr
