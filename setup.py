@@ -24,6 +24,7 @@ setup(
         "scikit-learn>=1.3",
         "matplotlib>=3.7",
         "tqdm>=4.60",
+        "pyyaml>=5.4",  # cluster files (hybridagg simulate)
     ],
     extras_require={
         # An MPI for machines that have none. Cluster users skip this extra and

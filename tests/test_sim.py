@@ -186,3 +186,15 @@ def test_command_line_prediction_and_missing_cluster(tmp_path):
     )  # fmt: skip
     assert bad.returncode == 2
     assert "does not exist" in bad.stderr
+
+
+@needs_simgrid
+def test_two_generation_1024_prediction_completes(tmp_path):
+    cluster = load_cluster("examples/clusters/two-generation-1024.yaml")
+    job = build_job(options(steps=2), cluster, PROFILE)
+    prediction = simulate(job, timeout=120)
+    assert len(job.workers) == 1024
+    assert prediction.updates == 2
+    # the fast half runs at twice the profiled rate
+    assert prediction.ideal_samples_per_sec == pytest.approx(512 / 0.003 * 3)
+    assert prediction.samples_per_sec < prediction.ideal_samples_per_sec
