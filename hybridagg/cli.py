@@ -151,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         "from a model's profile (hybridagg profile), with SimGrid.",
     )
     add_arguments(simulate, SimulateConfig, SIMULATE_CONCERNS)
+    from .train.config.simulation import PROFILE_CONCERNS, ProfileConfig
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure what a model needs here (for hybridagg simulate)",
+        description="Measure a model's compute per sample and per layer, its "
+        "memory, a server's update cost, memory-copy bandwidth and (under "
+        "mpiexec -n N) the group all-reduce; write a profile file.",
+    )
+    add_arguments(profile, ProfileConfig, PROFILE_CONCERNS)
     return parser
 
 
@@ -597,6 +607,65 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 _COMMANDS["simulate"] = _cmd_simulate
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """Run ``hybridagg profile`` (on one rank, or every rank of an MPI job)."""
+    from .runtime.outcomes import ExitCode
+    from .train.config.simulation import ProfileConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, ProfileConfig)
+        if cfg.data is not None:
+            from .data.format import inspect_split, open_file
+
+            with open_file(cfg.data) as f:
+                info = inspect_split(f, "train", path=cfg.data)
+            shape, classes = tuple(info.sample_shape), int(info.num_classes)
+        else:
+            shape, classes = cfg.parsed_shape(), int(cfg.classes)
+        import torch
+
+        from .train.models import build_model
+
+        torch.manual_seed(0)
+        model = build_model(cfg.model, shape, classes)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg profile: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    from .comm import Comm, configure_threads
+    from .sim.profile import save_profile
+    from .train.profiler import profile_model
+
+    configure_threads()
+    comm = Comm(name="profile")
+    try:
+        result = profile_model(
+            model, cfg.model, shape, cfg.batch_size, cfg, reps=cfg.reps, comm=comm
+        )
+    finally:
+        comm.free()
+    if result is not None:
+        save_profile(result, cfg.out)
+        ar = result.allreduce
+        print(
+            f"wrote {cfg.out}: {result.parameters} parameters, "
+            f"{result.sample_seconds * 1e3:.3f} ms per sample (forward and "
+            f"backward), server {result.server.seconds_per_update * 1e3:.3f} ms "
+            f"+ {result.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
+            f"{result.machine.memcpy_Bps / 1e9:.2f} GB/s"
+            + (
+                f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
+                f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
+                if ar
+                else ""
+            )
+        )
+    return 0
+
+
+_COMMANDS["profile"] = _cmd_profile
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
-from .config.simulation import SIMULATE_CONCERNS
+from .config.simulation import PROFILE_CONCERNS, SIMULATE_CONCERNS
 
 __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 
@@ -45,7 +45,8 @@ __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 def field_docs() -> dict[str, str]:
     """Each configuration field's docstring (the string literal after the field)."""
     modules = dict.fromkeys(
-        sys.modules[c.__module__] for c in (*CONCERNS, *SIMULATE_CONCERNS)
+        sys.modules[c.__module__]
+        for c in (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS)
     )
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
     docs: dict[str, str] = {}
