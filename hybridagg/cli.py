@@ -634,18 +634,23 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"hybridagg profile: error: {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
-    from .comm import Comm, configure_threads
+    from .runtime.launchenv import launch_env
     from .sim.profile import save_profile
     from .train.profiler import profile_model
 
-    configure_threads()
-    comm = Comm(name="profile")
+    from .comm import Comm, configure_threads
+
+    configure_threads()  # a rank's threads in a run (one unless set)
+    comm = None
+    if (launch_env().size or 1) > 1:  # under mpiexec: the all-reduce too
+        comm = Comm(name="profile")
     try:
         result = profile_model(
             model, cfg.model, shape, cfg.batch_size, cfg, reps=cfg.reps, comm=comm
         )
     finally:
-        comm.free()
+        if comm is not None:
+            comm.free()
     if result is not None:
         save_profile(result, cfg.out)
         ar = result.allreduce

@@ -50,6 +50,7 @@ def options(**kw):
         mode="sync", groups=None, servers=None, batch_size=32, slowdown=None,
         sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
         max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
+        stream_push=False, staleness_bound=None,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
@@ -198,3 +199,54 @@ def test_two_generation_1024_prediction_completes(tmp_path):
     # the fast half runs at twice the profiled rate
     assert prediction.ideal_samples_per_sec == pytest.approx(512 / 0.003 * 3)
     assert prediction.samples_per_sec < prediction.ideal_samples_per_sec
+
+
+@needs_simgrid
+def test_staleness_bound_holds_the_fast_group_to_the_slow_ones_pace():
+    cluster = gpus(4, bw=1e12, lat=0.0)
+    tiny = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+    common = dict(
+        mode="hybrid", groups="0-1,2-3", steps=60, sample_ms=1.0, slowdown="2-3:4"
+    )
+    free = simulate(build_job(options(**common), cluster, tiny))
+    bound = simulate(build_job(options(**common, staleness_bound=0), cluster, tiny))
+    fast_free, slow_free = free.group_update_s
+    fast_bound, slow_bound = bound.group_update_s
+    assert fast_free < slow_free / 3  # unbounded: the fast group runs ahead
+    assert fast_bound == pytest.approx(slow_bound, rel=0.05)  # bound 0: lockstep
+    assert bound.samples_per_sec < free.samples_per_sec
+
+
+def test_unmodelled_options_are_refused():
+    with pytest.raises(ValueError, match="does not model --stream-push"):
+        build_job(options(mode="hybrid", stream_push=True), gpus(4), PROFILE)
+
+
+def test_simulate_takes_every_train_flag_and_its_own():
+    from hybridagg.train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+    from hybridagg.train.flags import option_strings
+
+    train = set(option_strings())
+    sim = set(option_strings(SimulateConfig, SIMULATE_CONCERNS))
+    assert train <= sim
+    assert sim - train == {
+        "--cluster", "--json", "--profile", "--ranks", "--samples", "--sim-timeout",
+    }  # fmt: skip
+
+
+def test_profile_measures_a_model_and_the_simulator_reads_it(tmp_path):
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--batch-size", "16", "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    profile = load_profile(out)
+    assert profile.parameters > 0 and profile.sample_seconds > 0
+    assert profile.layers and sum(layer.flops for layer in profile.layers) > 0
+    assert profile.allreduce is None  # one rank: nothing to fit
+    assert profile.machine.memcpy_Bps > 0
+    assert profile.server.seconds_per_byte > 0
+    assert main(["profile", "--model", "mlp", "--out", str(out)]) == 2

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ps.staleness import GroupBook, HeldReply
 from ._simgrid import load
 from .job import SimJob
 
@@ -287,6 +288,9 @@ class _Sim:
         return bcast
 
     def server(self, index: int) -> None:
+        """Serve pushes in arrival order; server 0 counts the versions and
+        holds the reply to a group too far ahead (``--staleness-bound``: the
+        run's own rule, :class:`hybridagg.ps.staleness.GroupBook`)."""
         sg, job, st = self.sg, self.job, self.state
         sg.Actor.self().daemonize()  # the run ends when the workers do
         me = sg.Mailbox.by_name(f"server{index}")
@@ -294,7 +298,9 @@ class _Sim:
         host = self.server_host[index]
         shard = job.grad_bytes / len(job.servers)
         speed = float(job.servers[index]["speed"])
+        book = GroupBook(len(job.groups), job.staleness_bound if index == 0 else None)
         version = 0
+        held_version: dict[int, int] = {}  # the version a held reply carries
         while True:
             group, pulled, samples = me.get()
             seconds = job.server_update_s + shard * job.server_byte_s
@@ -303,13 +309,24 @@ class _Sim:
                 st.staleness.append(version - pulled)
                 self._count(samples)
             version += 1
-            leader_host = self.worker_host[job.groups[group][0]]
-            size = shard
-            if leader_host.name == host.name:
-                self.start_transfer(host, leader_host, shard).wait()
-                size = 0
-            box = self.groups_shared[group]["mailbox"]
-            box.put_init(version, round(size)).detach()
+            book.record(group, version - 1 - pulled)
+            if book.too_far_ahead(group) and not st.stopped:
+                book.hold(HeldReply(group, version - 1 - pulled, 1.0))
+                held_version[group] = version
+            else:
+                self._reply(host, group, version, shard)
+            for held in book.release(everyone=st.stopped):
+                self._reply(host, held.group, held_version.pop(held.group), shard)
+
+    def _reply(self, host, group: int, version: int, shard: float) -> None:
+        """Send the new weights of this shard to ``group``'s leader."""
+        leader_host = self.worker_host[self.job.groups[group][0]]
+        size = shard
+        if leader_host.name == host.name:  # a memory copy, then a notice
+            self.start_transfer(host, leader_host, shard).wait()
+            size = 0
+        box = self.groups_shared[group]["mailbox"]
+        box.put_init(version, round(size)).detach()
 
     def _start_leader(self, group: int) -> None:
         """The leader's mailbox takes replies at once (they move while it computes)."""

@@ -50,6 +50,8 @@ class JobOptions(Protocol):
     min_batch: int
     max_batch: int | None
     overlap: bool
+    stream_push: bool
+    staleness_bound: int | None
     wire: str
     steps: int | None
     epochs: int | None
@@ -80,6 +82,8 @@ class SimJob:
         overlap: A leader's exchange overlaps its group's next step.
         steps: Updates to simulate (sync: all-reduces; else server versions).
         target_samples: Or samples to train (epochs x the data's samples).
+        staleness_bound: SSP: server 0 holds the reply to a group more than
+            this many of its updates ahead of the slowest.
     """
 
     mode: str
@@ -97,6 +101,7 @@ class SimJob:
     overlap: bool = False
     steps: int | None = None
     target_samples: int | None = None
+    staleness_bound: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -186,6 +191,11 @@ def build_job(
         else (0 if options.mode == "sync" else 1)
     )
     check_mode(options.mode, servers=num_servers, cli=True)
+    if options.stream_push:
+        raise ValueError(
+            "hybridagg simulate does not model --stream-push yet (a push per "
+            "bucket); leave it out"
+        )
     profiles: dict[str, Profile] = {}
     nodes: list[dict[str, Any]] = []
     node_index: list[tuple[int, NodeType]] = []
@@ -251,6 +261,7 @@ def build_job(
         "server_update_s": profile.server.seconds_per_update,
         "server_byte_s": profile.server.seconds_per_byte,
         "overlap": bool(options.overlap),
+        "staleness_bound": options.staleness_bound,
         "steps": options.steps,
     }
     probe = SimJob(**job_args)
