@@ -634,11 +634,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"hybridagg profile: error: {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
+    from .comm import Comm, configure_threads
     from .runtime.launchenv import launch_env
     from .sim.profile import save_profile
     from .train.profiler import profile_model
-
-    from .comm import Comm, configure_threads
 
     configure_threads()  # a rank's threads in a run (one unless set)
     comm = None
