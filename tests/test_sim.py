@@ -250,3 +250,23 @@ def test_profile_measures_a_model_and_the_simulator_reads_it(tmp_path):
     assert profile.machine.memcpy_Bps > 0
     assert profile.server.seconds_per_byte > 0
     assert main(["profile", "--model", "mlp", "--out", str(out)]) == 2
+
+
+@needs_simgrid
+def test_shared_cores_run_compute_and_copies_at_their_share():
+    # this machine as profiled: 4 ranks on 2 cores, transfers are copies
+    from hybridagg.sim import machine_cluster
+
+    job = build_job(options(steps=2), machine_cluster(PROFILE, 4, 0), PROFILE)
+    prediction = simulate(job)
+    compute = 4 / 2 * 32 * 0.003  # four batches on two cores
+    copies = 4 / 2 * (2 * 3 / 4 * 1e8) / 5e9  # every rank's ring hop, copied
+    assert prediction.time_s == pytest.approx(2 * (compute + copies), rel=1e-9)
+    assert prediction.ideal_samples_per_sec == pytest.approx(2 / 0.003)
+
+
+def test_ideal_is_time_averaged_over_the_slowdown_schedule():
+    job = build_job(
+        options(sample_ms=1.0, slowdown="0-1:1@0;0-1:3@10"), gpus(2), PROFILE
+    )
+    assert job.ideal_samples_per_sec(20.0) == pytest.approx((2000 + 2000 / 3) / 2)

@@ -373,7 +373,7 @@ class _Sim:
             "updates": updates,
             "samples": samples,
             "samples_per_sec": samples / end if end > 0 else 0.0,
-            "ideal_samples_per_sec": job.ideal_samples_per_sec(),
+            "ideal_samples_per_sec": job.ideal_samples_per_sec(end),
             "group_update_s": per_group,
             "mean_staleness": (sum(st.staleness) / len(st.staleness))
             if st.staleness

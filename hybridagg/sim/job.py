@@ -131,9 +131,35 @@ class SimJob:
         speed = self.nodes[w["node"]]["speed"]
         return w["seconds_per_sample"] * batch * factor / speed
 
-    def ideal_samples_per_sec(self) -> float:
-        """The sum of every worker's rate when it only computes (at time 0)."""
-        return sum(1.0 / self.compute_seconds(r, 1) for r in range(len(self.workers)))
+    def _rate(self, elapsed: float) -> float:
+        rates: dict[int, float] = {}
+        counts: dict[int, int] = {}
+        for r, w in enumerate(self.workers):
+            rates[w["node"]] = rates.get(w["node"], 0.0) + 1.0 / self.compute_seconds(
+                r, 1, elapsed
+            )
+            counts[w["node"]] = counts.get(w["node"], 0) + 1
+        total = 0.0
+        for n, rate in rates.items():
+            node = self.nodes[n]
+            if node["shared"] and not self.sleep_compute:
+                # ranks that execute share the node's cores
+                rate *= min(1.0, node["cores"] / counts[n])
+            total += rate
+        return total
+
+    def ideal_samples_per_sec(self, wall_s: float = 0.0) -> float:
+        """Every worker's compute-only rate, summed, time-averaged over ``wall_s``
+        seconds of the slowdown schedule (``hybridagg train``'s ideal); ranks
+        that execute on shared cores count the cores' share they can have."""
+        starts = sorted({0.0} | {float(s) for s, _ in self.phases if 0 < s < wall_s})
+        if wall_s <= 0:
+            return self._rate(0.0)
+        total = 0.0
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else wall_s
+            total += self._rate(start) * (end - start)
+        return total / wall_s
 
 
 def machine_cluster(profile: Profile, workers: int, servers: int) -> ClusterSpec:
