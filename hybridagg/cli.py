@@ -12,6 +12,8 @@ Subcommands:
         train a model; launch on every rank (``mpiexec -n N hybridagg train``).
     ``hybridagg simulate --profile P.json [--cluster C.yaml | --ranks N] ...``
         predict a training run (train's options) on SimGrid.
+    ``hybridagg profile --model NAME --out P.json ...``
+        measure what a model needs here (``mpiexec -n N``: the all-reduce too).
 """
 
 from __future__ import annotations

@@ -180,6 +180,17 @@ def test_command_line_prediction_and_missing_cluster(tmp_path):
     assert result["updates"] == 10
     assert 0 < result["samples_per_sec"] < result["ideal_samples_per_sec"]
     assert len(result["group_update_s"]) == 2
+    here = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--ranks", "3", "--mode", "sync", "--epochs", "2", "--samples", "640",
+         "--batch-size", "32", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert here.returncode == 0, here.stderr
+    result = json.loads(out.read_text())
+    assert result["cluster"] == "this machine (profiled)"
+    assert result["workers"] == 3 and result["servers"] == 0
+    assert result["samples"] >= 2 * 640 > result["samples"] - 3 * 32
     bad = subprocess.run(
         [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
          "--cluster", str(tmp_path / "none.yaml"), "--steps", "1"],
