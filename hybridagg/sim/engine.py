@@ -202,7 +202,10 @@ class _Sim:
 
         The members meet at the group's barrier where a step's data must all
         have arrived: after the all-reduce's flows, after the leader's
-        exchange, after the broadcast's flows.
+        exchange, after the broadcast's flows (sync: after the all-reduce
+        only). A member reads the stop decision only after a barrier that
+        follows the leader's writing it, and before the leader can write the
+        next one (behind the next step's barrier).
         """
         sg, job, st = self.sg, self.job, self.state
         ranks = job.groups[group]
@@ -219,6 +222,8 @@ class _Sim:
         chain_rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
         nxt = self.worker_host[ranks[(position + 1) % n]]
         batch = job.workers[rank]["batch"]
+        group_samples = sum(job.workers[r]["batch"] for r in ranks)
+        steps_done = 0
         while True:
             if leader:  # the weights this step's gradient is computed on
                 shared["computed_on"] = shared["weights"]
@@ -238,10 +243,25 @@ class _Sim:
                 barrier.wait()
                 if ring_rest > 0:
                     sg.this_actor.sleep_for(ring_rest)
+            if job.mode == "sync":
+                # one group: every member counts the updates itself (the same
+                # rule as _count), so no barrier is needed to stop together
+                steps_done += 1
+                if leader:
+                    self._count(group_samples)
+                    st.group_times.setdefault(group, []).append(self.engine.clock)
+                if (job.steps is not None and steps_done >= job.steps) or (
+                    job.target_samples is not None
+                    and steps_done * group_samples >= job.target_samples
+                ):
+                    return
+                continue
             if leader:
                 shared["bcast"] = self._leader_step(group, ranks)
+                shared["stop"] = st.stopped  # read by all after the barrier
             if n > 1:
                 barrier.wait()
+            stop = shared["stop"]
             if shared["bcast"] and n > 1:
                 if position < n - 1:
                     self.start_transfer(host, nxt, nbytes).wait()
@@ -250,10 +270,7 @@ class _Sim:
                     sg.this_actor.sleep_for(chain_rest)
             if leader:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
-                shared["stop"] = st.stopped
-            if n > 1:
-                barrier.wait()
-            if shared["stop"]:
+            if stop:
                 return
 
     def _leader_step(self, group: int, ranks: list[int]) -> bool:
@@ -262,9 +279,6 @@ class _Sim:
         sg, job = self.sg, self.job
         shared = self.groups_shared[group]
         samples = sum(job.workers[r]["batch"] for r in ranks)
-        if job.mode == "sync":
-            self._count(samples)
-            return False
         host = self.worker_host[ranks[0]]
         me = shared["mailbox"]
         shard = job.grad_bytes / len(job.servers)
