@@ -281,3 +281,26 @@ def test_ideal_is_time_averaged_over_the_slowdown_schedule():
         options(sample_ms=1.0, slowdown="0-1:1@0;0-1:3@10"), gpus(2), PROFILE
     )
     assert job.ideal_samples_per_sec(20.0) == pytest.approx((2000 + 2000 / 3) / 2)
+
+
+@pytest.mark.mpi(ranks=2, timeout=240)
+def test_profile_under_mpiexec_fits_the_group_allreduce(tmp_path):
+    from mpi4py import MPI
+
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        fit = load_profile(out).allreduce
+        assert fit is not None and fit.ranks == 2
+        assert len(fit.points) == 3 and fit.bandwidth_Bps > 0
+        # the fit reproduces the largest measured size within a factor of 2
+        nbytes, seconds = fit.points[-1]
+        assert 0.5 < fit.seconds(nbytes, 2) / seconds < 2
+    else:
+        assert not out.exists()
