@@ -304,3 +304,35 @@ def test_profile_under_mpiexec_fits_the_group_allreduce(tmp_path):
         assert 0.5 < fit.seconds(nbytes, 2) / seconds < 2
     else:
         assert not out.exists()
+
+
+@needs_simgrid
+def test_a_bucket_filled_early_is_reduced_during_backward():
+    # two buckets: half the gradient full at half of backward, the rest at its end
+    profile = Profile(**{**PROFILE.__dict__, "buckets": ((0.5, 0.5), (1.0, 0.5))})
+    bw = 1e10
+    forward, backward = 32 * 0.001, 32 * 0.002
+    half = (2 * 1 / 2 * 1e8) / 2 / bw  # one bucket's share of the ring link
+    assert half < backward / 2  # the first bucket is done before backward ends
+    overlapped = simulate(build_job(options(steps=1), gpus(2, bw, 0.0), profile))
+    assert overlapped.time_s == pytest.approx(forward + backward + half, rel=1e-9)
+    whole = simulate(build_job(options(steps=1), gpus(2, bw, 0.0), PROFILE))
+    assert whole.time_s == pytest.approx(forward + backward + 2 * half, rel=1e-9)
+
+
+def test_bucket_schedule_follows_backward_order():
+    import torch
+
+    from hybridagg.train.pacing import module_costs
+    from hybridagg.train.profiler import bucket_schedule
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 4096)
+    )
+    costs = module_costs(model, torch.zeros(1, 64))
+    # buckets of 16 MiB: the last layer's 32 MiB of weights fill two first
+    schedule = bucket_schedule(model, costs, bucket_bytes=16 << 20)
+    assert sum(share for _, share in schedule) == pytest.approx(1.0)
+    first_ready = costs["2"] / sum(costs.values())
+    assert schedule[0][0] == pytest.approx(first_ready)
+    assert schedule[-1][0] == pytest.approx(1.0)

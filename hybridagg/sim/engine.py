@@ -24,7 +24,9 @@ data must all have arrived. The leader also pushes the group's gradient to
 the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
 costs ``server_update_s + shard bytes x server_byte_s`` of its host's time.
-A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
+A bucket's hop of the all-reduce starts when backward has filled the
+bucket (the profile's bucket schedule), so the all-reduce overlaps the
+rest of backward as in a run. A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
 ``bytes/n`` over the same links in turn, so one flow per link carries all
 of them (``2(n-1)/n x bytes``) and the phases' remaining ``2n-3``
 latencies are slept; this reproduces ``2(n-1)(latency + bytes/(n
@@ -223,23 +225,30 @@ class _Sim:
         nxt = self.worker_host[ranks[(position + 1) % n]]
         batch = job.workers[rank]["batch"]
         group_samples = sum(job.workers[r]["batch"] for r in ranks)
+        per_link = 2 * (n - 1) / n * nbytes
         steps_done = 0
         while True:
             if leader:  # the weights this step's gradient is computed on
                 shared["computed_on"] = shared["weights"]
-            # compute: forward and backward of this worker's batch
-            seconds = job.compute_seconds(rank, batch, self.engine.clock)
+            # forward, then backward, each bucket's hop of the all-reduce
+            # starting when backward has filled it (it overlaps the rest)
+            factor = job.factor(rank, self.engine.clock)
             if job.sleep_compute:
-                sg.this_actor.sleep_for(seconds)
-            else:
-                amount = (
-                    job.workers[rank]["seconds_per_sample"]
-                    * batch
-                    * job.factor(rank, self.engine.clock)
-                )
-                sg.this_actor.exec_async(amount).wait()
+                total = job.compute_seconds(rank, batch, self.engine.clock)
+            else:  # an amount: the host's speed (and sharing) sets the time
+                total = job.workers[rank]["seconds_per_sample"] * batch * factor
+            self._spend(total * job.forward_share)
+            backward = total * (1 - job.forward_share)
+            done, hops = 0.0, []
+            for ready, share in job.buckets:
+                self._spend(backward * (ready - done))
+                done = ready
+                if n > 1:
+                    hops.append(self.start_transfer(host, nxt, per_link * share))
+            self._spend(backward * (1 - done))
+            for hop in hops:
+                hop.wait()
             if n > 1:
-                self.start_transfer(host, nxt, 2 * (n - 1) / n * nbytes).wait()
                 barrier.wait()
                 if ring_rest > 0:
                     sg.this_actor.sleep_for(ring_rest)
@@ -272,6 +281,16 @@ class _Sim:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
             if stop:
                 return
+
+    def _spend(self, amount: float) -> None:
+        """Compute for ``amount`` (slept with ``--sample-ms``, else executed
+        on this actor's host: seconds at speed 1)."""
+        if amount <= 0:
+            return
+        if self.job.sleep_compute:
+            self.sg.this_actor.sleep_for(amount)
+        else:
+            self.sg.this_actor.exec_async(amount).wait()
 
     def _leader_step(self, group: int, ranks: list[int]) -> bool:
         """The leader's part of a step after the all-reduce; whether the group

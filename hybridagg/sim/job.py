@@ -84,6 +84,11 @@ class SimJob:
         target_samples: Or samples to train (epochs x the data's samples).
         staleness_bound: SSP: server 0 holds the reply to a group more than
             this many of its updates ahead of the slowest.
+        forward_share: The forward pass's share of a step's compute (the
+            pacer's third with ``--sample-ms``, else the profile's).
+        buckets: ``[share of backward done, share of the bytes]`` per
+            gradient bucket in the order backward fills them: each bucket's
+            all-reduce starts then, overlapping the rest of backward.
     """
 
     mode: str
@@ -102,6 +107,8 @@ class SimJob:
     steps: int | None = None
     target_samples: int | None = None
     staleness_bound: int | None = None
+    forward_share: float = 1.0 / 3.0
+    buckets: list[list[float]] = field(default_factory=lambda: [[1.0, 1.0]])
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -288,6 +295,12 @@ def build_job(
         "server_byte_s": profile.server.seconds_per_byte,
         "overlap": bool(options.overlap),
         "staleness_bound": options.staleness_bound,
+        "forward_share": (
+            1.0 / 3.0
+            if options.sample_ms > 0
+            else profile.forward_s_per_sample / profile.sample_seconds
+        ),
+        "buckets": [list(b) for b in profile.buckets] or [[1.0, 1.0]],
         "steps": options.steps,
     }
     probe = SimJob(**job_args)

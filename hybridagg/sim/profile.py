@@ -3,6 +3,8 @@
 ``hybridagg profile`` writes it (JSON); ``hybridagg simulate`` reads it.
 Every figure is in seconds, bytes or bytes per second:
 
+* ``buckets``: when backward has filled each of the reducer's gradient
+  buckets, so the all-reduce can overlap backward as it does in a run;
 * ``compute``: forward and backward seconds per sample on the profiled
   device, and each layer's share (its own floating-point operations, from
   :func:`hybridagg.train.pacing.module_costs`, and its measured seconds);
@@ -119,6 +121,10 @@ class Profile:
     machine: MachineInfo
     allreduce: AllreduceFit | None = None
     layers: tuple[LayerCost, ...] = ()
+    buckets: tuple[tuple[float, float], ...] = ()
+    """the gradient's buckets in the order backward fills them: (the share of
+    backward done when the bucket is full, its share of the gradient's
+    bytes); empty: the whole gradient is ready when backward ends"""
     batch: int = 0
     """the batch the compute was measured at"""
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -282,6 +288,19 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
                 ),
             )
         )
+    buckets = []
+    for i, b in enumerate(data.get("buckets", [])):
+        if not (isinstance(b, list) and len(b) == 2):
+            raise ValueError(f"{where}buckets[{i}] must be [ready share, bytes share]")
+        ready = _check(where, f"buckets[{i}][0]", b[0], zero=True)
+        share = _check(where, f"buckets[{i}][1]", b[1])
+        if ready > 1 or share > 1:
+            raise ValueError(f"{where}buckets[{i}] shares must be at most 1, got {b}")
+        buckets.append((ready, share))
+    if buckets and abs(sum(b[1] for b in buckets) - 1) > 1e-6:
+        raise ValueError(f"{where}buckets' byte shares must sum to 1")
+    if [b[0] for b in buckets] != sorted(b[0] for b in buckets):
+        raise ValueError(f"{where}buckets must be in the order backward fills them")
     batch = data.get("batch", 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
@@ -314,6 +333,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         machine=machine,
         allreduce=allreduce,
         layers=tuple(layers),
+        buckets=tuple(buckets),
         batch=batch,
         notes=notes,
     )

@@ -9,6 +9,10 @@ barrier), then written as a :class:`hybridagg.sim.profile.Profile`:
   (:func:`hybridagg.train.pacing.module_costs`, the pacer's rule: a layer's
   backward costs twice its forward), so the per-layer seconds are the
   measured totals apportioned by FLOPs, not timed one by one;
+* buckets: the reducer's gradient buckets
+  (:func:`hybridagg.reduce.buckets.assign_buckets`) and when backward fills
+  each, by the pacer's rule (a module's parameters get their gradients once
+  the backward shares of it and of every later module are spent);
 * memory: parameter bytes, and activation bytes per sample (every module's
   output on that batch, summed, over the batch);
 * a server's update: :class:`hybridagg.ps.store.ShardStore` stepping the
@@ -38,6 +42,7 @@ from .config import OptimOptions
 from .pacing import module_costs
 
 __all__ = [
+    "bucket_schedule",
     "fit_line",
     "measure_allreduce",
     "measure_compute",
@@ -115,11 +120,47 @@ def measure_compute(
         for name, flops in costs.items()
     ]
     return {
+        "buckets": bucket_schedule(model, costs),
         "forward_s_per_sample": t_forward / batch,
         "backward_s_per_sample": t_backward / batch,
         "activation_bytes_per_sample": float(activation),
         "layers": tuple(layers),
     }
+
+
+def bucket_schedule(
+    model: nn.Module, costs: dict[str, float], bucket_bytes: int | None = None
+) -> tuple[tuple[float, float], ...]:
+    """(share of backward done when full, share of the gradient's bytes) per bucket.
+
+    Modules are taken in registration order as the order forward runs them
+    (backward the other way round); a parameter is ready once the backward
+    shares of its module and every later one are spent.
+    """
+    from ..reduce.buckets import DEFAULT_BUCKET_BYTES, assign_buckets
+
+    total = sum(costs.values())
+    names = [name for name, _ in model.named_modules()]
+    later: dict[str, float] = {}
+    acc = 0.0
+    for name in reversed(names):
+        acc += costs.get(name, 0.0)
+        later[name] = acc
+    owner: dict[int, str] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or total <= 0:
+        return ()
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    out = []
+    for bucket in assign_buckets(params, bucket_bytes or DEFAULT_BUCKET_BYTES):
+        ready = max(later[owner[id(params[i])]] / total for i in bucket)
+        nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
+        out.append((min(ready, 1.0), nbytes / grad_bytes))
+    out.sort()
+    return tuple(out)
 
 
 def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
@@ -262,6 +303,7 @@ def profile_model(
         ),
         allreduce=allreduce,
         layers=measured["layers"],
+        buckets=measured["buckets"],
         batch=batch,
         notes={
             "layers": "measured totals apportioned by each layer's FLOPs "
