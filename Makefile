@@ -67,9 +67,9 @@ $(HOROVOD_STAMP): $(STAMP)
 # SimGrid for `hybridagg simulate`: Debian's python3-simgrid (3.32; no wheel on
 # PyPI). hybridagg loads its one extension file from dist-packages
 # (hybridagg/sim/_simgrid.py), never the whole folder. Idempotent; needs root.
-SIMGRID_SO := $(wildcard /usr/lib/python3/dist-packages/simgrid.cpython-*.so)
-simgrid:
-	@if [ -z "$(SIMGRID_SO)" ]; then \
+simgrid: $(STAMP)
+	@if ! ls /usr/lib/python3/dist-packages/simgrid.cpython-*.so >/dev/null 2>&1; then \
+		test "$$(id -u)" = 0 || { echo "make simgrid needs root (apt-get install python3-simgrid)"; exit 1; }; \
 		apt-get update -qq && apt-get install -y -qq python3-simgrid; \
 	fi
 	$(PY) -c "from hybridagg.sim._simgrid import load; print('simgrid', load().simgrid_version)"
