@@ -336,3 +336,18 @@ def test_bucket_schedule_follows_backward_order():
     first_ready = costs["2"] / sum(costs.values())
     assert schedule[0][0] == pytest.approx(first_ready)
     assert schedule[-1][0] == pytest.approx(1.0)
+
+
+def test_train_help_keeps_its_own_descriptions():
+    import argparse
+
+    from hybridagg.train.config.simulation import PROFILE_CONCERNS, ProfileConfig
+    from hybridagg.train.flags import add_arguments
+
+    def help_of(config=None, concerns=None, dest="data"):
+        p = argparse.ArgumentParser()
+        add_arguments(p, *(() if config is None else (config, concerns)))
+        return next(a.help for a in p._actions if a.dest == dest)
+
+    assert help_of() == "HDF5 file from 'hybridagg convert'"
+    assert "sample shape" in help_of(ProfileConfig, PROFILE_CONCERNS)

@@ -42,17 +42,17 @@ __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 
 
 @functools.cache
-def field_docs() -> dict[str, str]:
-    """Each configuration field's docstring (the string literal after the field)."""
-    modules = dict.fromkeys(
-        sys.modules[c.__module__]
-        for c in (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS)
-    )
+def _class_docs() -> dict[str, dict[str, str]]:
+    """Each concern's fields' docstrings (the string literal after the field),
+    by class name: two commands' concerns may document a name differently."""
+    concerns = (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS)
+    modules = dict.fromkeys(sys.modules[c.__module__] for c in concerns)
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
-    docs: dict[str, str] = {}
+    docs: dict[str, dict[str, str]] = {}
     for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
+        own = docs.setdefault(node.name, {})
         for stmt, after in zip(node.body, node.body[1:], strict=False):
             if (
                 isinstance(stmt, ast.AnnAssign)
@@ -61,15 +61,25 @@ def field_docs() -> dict[str, str]:
                 and isinstance(after.value, ast.Constant)
                 and isinstance(after.value.value, str)
             ):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+                own[stmt.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
-def _help(f: Field, *, switch: bool) -> str | None:
-    """The help of ``f``'s flag; ``switch``: a boolean switch (no default shown)."""
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """Each ``hybridagg train`` field's docstring (the string literal after the field)."""
+    docs: dict[str, str] = {}
+    for concern in CONCERNS:
+        docs.update(_class_docs().get(concern.__name__, {}))
+    return docs
+
+
+def _help(f: Field, owner: type, *, switch: bool) -> str | None:
+    """The help of ``f``'s flag, documented in ``owner``; ``switch``: a boolean
+    switch (no default shown)."""
     text = f.metadata.get("help")
     if text is None:
-        doc = field_docs().get(f.name)
+        doc = _class_docs().get(owner.__name__, {}).get(f.name)
         if doc is None:
             return None
         text = " ".join(doc.split("\n\n")[0].split())
@@ -88,17 +98,17 @@ def _value_type(hint: Any) -> type | None:
     return None if hint is str else hint
 
 
-def _add(group: argparse._ArgumentGroup, f: Field, hint: Any) -> None:
+def _add(group: argparse._ArgumentGroup, f: Field, hint: Any, owner: type) -> None:
     if hint is bool:  # a switch that turns the default around
         name = "--no-" + flag(f.name)[2:] if f.default else flag(f.name)
         group.add_argument(
             name,
             dest=f.name,
             action="store_false" if f.default else "store_true",
-            help=_help(f, switch=True),
+            help=_help(f, owner, switch=True),
         )
         return
-    kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, switch=False)}
+    kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, owner, switch=False)}
     if f.default is MISSING:
         kwargs["required"] = True
     else:
@@ -138,7 +148,7 @@ def add_arguments(
                 owner = next(c for c in concerns if f.name in c.__dataclass_fields__)
                 if owner is not concern:
                     continue
-            _add(groups[title], final[f.name], hints[f.name])
+            _add(groups[title], final[f.name], hints[f.name], concern)
 
 
 def option_strings(
