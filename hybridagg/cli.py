@@ -573,6 +573,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"hybridagg simulate: error: {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
+    except (TimeoutError, RuntimeError) as exc:  # the engine's own failure
+        print(f"hybridagg simulate: {exc}", file=sys.stderr)
+        return int(ExitCode.INTERNAL)
     result = {
         "mode": cfg.mode,
         "cluster": cluster.name,

@@ -149,17 +149,20 @@ def test_sync_step_is_compute_plus_closed_form_ring(n):
 
 
 @needs_simgrid
-def test_one_server_is_bound_by_its_service_rate():
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_one_server_is_bound_by_its_service_rate(wire):
     # 8 async workers, each pushing far faster than one server serves: the
     # server's service time sets the rate (transfers are tiny)
     profile = Profile(**{**PROFILE.__dict__, "parameters": 1000})
     job = build_job(
-        options(mode="async", servers=1, steps=400, sample_ms=0.01, batch_size=1),
+        options(
+            mode="async", servers=1, steps=400, sample_ms=0.01, batch_size=1, wire=wire
+        ),
         gpus(8, bw=1e12, lat=0.0),
         profile,
     )
     prediction = simulate(job)
-    service = 0.004 + 4000 * 2e-10
+    service = 0.004 + 4000 * 2e-10  # the float32 master, whatever the wire
     assert prediction.updates == 400
     assert prediction.time_s == pytest.approx(400 * service, rel=1e-3)
     assert prediction.mean_staleness > 5

@@ -23,7 +23,8 @@ new weights; a group's members meet at a SimGrid barrier where a step's
 data must all have arrived. The leader also pushes the group's gradient to
 the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
-costs ``server_update_s + shard bytes x server_byte_s`` of its host's time.
+costs ``server_update_s + master bytes x server_byte_s`` of its host's time
+(the float32 master weights of its shard, whatever the wire).
 A bucket's hop of the all-reduce starts when backward has filled the
 bucket (the profile's bucket schedule), so the all-reduce overlaps the
 rest of backward as in a run. A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
@@ -336,7 +337,8 @@ class _Sim:
         held_version: dict[int, int] = {}  # the version a held reply carries
         while True:
             group, pulled, samples = me.get()
-            seconds = job.server_update_s + shard * job.server_byte_s
+            master = job.master_bytes / len(job.servers)
+            seconds = job.server_update_s + master * job.server_byte_s
             sg.this_actor.exec_async(seconds * host.speed / speed).wait()
             if index == 0:
                 st.staleness.append(version - pulled)

@@ -77,6 +77,8 @@ class SimJob:
             emulation), not executed on the host's cores.
         sample_s: ``--sample-ms`` in seconds.
         grad_bytes: Bytes of a gradient on the wire (also of the weights).
+        master_bytes: Bytes of the servers' float32 master weights (what an
+            update walks, whatever the wire).
         server_update_s: A server's fixed seconds per update.
         server_byte_s: A server's seconds per byte of its shard.
         overlap: A leader's exchange overlaps its group's next step.
@@ -101,6 +103,7 @@ class SimJob:
     sleep_compute: bool = False
     sample_s: float = 0.0
     grad_bytes: float = 0.0
+    master_bytes: float = 0.0
     server_update_s: float = 0.0
     server_byte_s: float = 0.0
     overlap: bool = False
@@ -291,6 +294,7 @@ def build_job(
         "sleep_compute": sleep_compute,
         "sample_s": options.sample_ms / 1000.0,
         "grad_bytes": profile.gradient_bytes(options.wire),
+        "master_bytes": profile.gradient_bytes("fp32"),
         "server_update_s": profile.server.seconds_per_update,
         "server_byte_s": profile.server.seconds_per_byte,
         "overlap": bool(options.overlap),
