@@ -354,3 +354,24 @@ def test_train_help_keeps_its_own_descriptions():
 
     assert help_of() == "HDF5 file from 'hybridagg convert'"
     assert "sample shape" in help_of(ProfileConfig, PROFILE_CONCERNS)
+
+
+def test_a_node_type_may_bring_its_own_profile(tmp_path):
+    slow = Profile(**{**PROFILE.__dict__, "forward_s_per_sample": 0.004})
+    save_profile(slow, tmp_path / "old-gpu.json")
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+        "node_types:\n"
+        "  - {name: new, count: 1, devices: 2, speed: 2.0}\n"
+        "  - {name: old, count: 1, devices: 2, profile: old-gpu.json}\n"
+    )
+    job = build_job(options(), load_cluster(path), PROFILE)
+    assert [job.compute_seconds(r, 1) for r in range(4)] == pytest.approx(
+        [0.0015, 0.0015, 0.006, 0.006]
+    )
+    path.write_text(path.read_text().replace("old-gpu", "missing"))
+    with pytest.raises(
+        ValueError, match=r"node_types\[1\] \(old\)\.profile: .* does not exist"
+    ):
+        load_cluster(path)
