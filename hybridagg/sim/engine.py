@@ -238,15 +238,17 @@ class _Sim:
                 total = job.compute_seconds(rank, batch, self.engine.clock)
             else:  # an amount: the host's speed (and sharing) sets the time
                 total = job.workers[rank]["seconds_per_sample"] * batch * factor
-            self._spend(total * job.forward_share)
+            # (compute between two hops is one activity: each costs a simcall)
             backward = total * (1 - job.forward_share)
-            done, hops = 0.0, []
+            owed, done, hops = total * job.forward_share, 0.0, []
             for ready, share in job.buckets:
-                self._spend(backward * (ready - done))
+                owed += backward * (ready - done)
                 done = ready
                 if n > 1:
+                    self._spend(owed)
+                    owed = 0.0
                     hops.append(self.start_transfer(host, nxt, per_link * share))
-            self._spend(backward * (1 - done))
+            self._spend(owed + backward * (1 - done))
             for hop in hops:
                 hop.wait()
             if n > 1:
