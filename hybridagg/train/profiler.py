@@ -248,8 +248,13 @@ def measure_allreduce(
             times.append(max(comm.allgather(elapsed, what="profile: times")))
         points.append((float(buf.numel() * 4), statistics.median(times)))
     fixed, per_byte = fit_line(points)
+    if per_byte <= 0:
+        # noise hid the slope (a busy machine): all of the largest size's
+        # time is taken as bandwidth, none as latency
+        nbytes, seconds = max(points)
+        fixed, per_byte = 0.0, seconds / nbytes
     latency = fixed / (2 * (n - 1))
-    bandwidth = 2 * (n - 1) / (n * per_byte) if per_byte > 0 else float("inf")
+    bandwidth = 2 * (n - 1) / (n * per_byte)
     return latency, bandwidth, points
 
 
@@ -262,8 +267,8 @@ def profile_model(
     *,
     reps: int = 5,
     comm=None,
-    server_sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22),
-    allreduce_sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 23),
+    server_sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22),  # elements
+    allreduce_sizes: Sequence[int] = (1 << 18, 1 << 22, 1 << 25),
 ) -> Profile | None:
     """Measure everything (see the module); the profile on rank 0, ``None`` elsewhere.
 
