@@ -1,0 +1,231 @@
+"""The planner's cheap cost model: a :class:`~.job.SimJob`'s samples/s in closed form.
+
+The planner scores thousands of candidate configurations; the SimGrid
+simulator (about a second per job at 1,024 ranks) confirms only its final
+choice. This model reads the same :class:`~.job.SimJob` the simulator runs,
+so groups, servers, batches and the slowdown mean the same in both, and
+follows the engine's step rule by rule (pure logic, no SimGrid):
+
+* **A group's step** (:func:`group_step_seconds`): each member computes its
+  batch (``SimJob.compute_seconds``) and sends its hop of the ring
+  all-reduce bucket by bucket as backward fills them. A hop's link is
+  work-conserving, so the last byte arrives at ``max_b(ready_b + latency +
+  sum_{j >= b} bytes_j / bandwidth)``; the step ends when the slowest
+  member's compute and hops end, plus the ring's ``2(n-1) - 1`` remaining
+  latencies. With one bucket that is compute plus the closed-form ring
+  ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's own
+  test checks. On a node of shared cores, compute that executes and the
+  hops (memory copies) share the cores: both stretch by ranks per core.
+* **sync**: samples of a step over the step.
+* **hybrid, async**: a group's cycle is its step, the leader's exchange
+  (push a shard to each server, the update, the reply) and the broadcast
+  of the new weights (a pipelined chain). Every server serves every update
+  (``server_update_s + master bytes / K x server_byte_s`` over its speed, or
+  its link's time for its shard if longer), one at a time: when the groups'
+  pushes come faster than the slowest server serves, every group waits the
+  same ``w`` in its queue, the one that makes ``sum_g 1 / (cycle_g + w)``
+  the service rate (first come, first served). With one server and tiny
+  transfers this is the service-rate bound ``1 / update time`` exactly.
+
+Not modelled (the simulator's business): contention between groups on a
+shared link, queueing below saturation, ``--overlap``, the staleness bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .job import SimJob
+
+__all__ = ["Estimate", "estimate", "group_step_seconds", "link_between"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the analytic model predicts for a job.
+
+    Attributes:
+        samples_per_sec: Predicted samples trained per second.
+        ideal_samples_per_sec: The workers' compute-only rates summed.
+        group_cycle_s: Seconds per update of each group (sync: the step).
+        server_wait_s: Seconds each push waits in the servers' queue.
+    """
+
+    samples_per_sec: float
+    ideal_samples_per_sec: float
+    group_cycle_s: tuple[float, ...]
+    server_wait_s: float = 0.0
+
+
+# ------------------------------------------------------------------ routes
+def _up(job: SimJob, node: int) -> tuple[float, float]:
+    """(bandwidth, latency) from a device of ``node`` up to the core switch."""
+    n = job.nodes[node]
+    inter_bw, inter_lat = float(job.inter["bandwidth"]), float(job.inter["latency"])
+    if n["shared"]:  # the node's one host sits on its NIC
+        return inter_bw, inter_lat / 2
+    intra = n["intra"]
+    return (
+        min(float(intra["bandwidth"]), inter_bw),
+        float(intra["latency"]) / 2 + inter_lat / 2,
+    )
+
+
+def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, bool]:
+    """(bandwidth, latency, is a memory copy) of a message from a rank on
+    ``a_node`` to one on ``b_node`` (the engine's platform: each link carries
+    half its latency; a shared node's internal messages are copies)."""
+    if a_node == b_node:
+        node = job.nodes[a_node]
+        if node["shared"]:
+            return float(node["memcpy_Bps"]), float(node["intra"]["latency"]), True
+        return float(node["intra"]["bandwidth"]), float(node["intra"]["latency"]), False
+    (bw_a, lat_a), (bw_b, lat_b) = _up(job, a_node), _up(job, b_node)
+    return min(bw_a, bw_b), lat_a + lat_b, False
+
+
+def _share(job: SimJob, node: int, ranks_on_node: dict[int, int]) -> float:
+    """How much a node of shared cores stretches what executes on it."""
+    n = job.nodes[node]
+    if not n["shared"]:
+        return 1.0
+    return max(1.0, ranks_on_node.get(node, 0) / int(n["cores"]))
+
+
+# ------------------------------------------------------------------- steps
+def group_step_seconds(job: SimJob, group: list[int]) -> float:
+    """Seconds of one step of ``group``: compute, then the bucketed ring
+    all-reduce overlapping backward (see the module)."""
+    counts: dict[int, int] = {}
+    for w in job.workers:
+        counts[w["node"]] = counts.get(w["node"], 0) + 1
+    n = len(group)
+    nodes = [job.workers[r]["node"] for r in group]
+    # the ring's flows that leave (enter) each node share its NIC
+    leaving: dict[int, int] = {}
+    entering: dict[int, int] = {}
+    if n > 1:
+        for i in range(n):
+            a, b = nodes[i], nodes[(i + 1) % n]
+            if a != b:
+                leaving[a] = leaving.get(a, 0) + 1
+                entering[b] = entering.get(b, 0) + 1
+    per_link = 2 * (n - 1) / n * job.grad_bytes if n > 1 else 0.0
+    slowest, max_latency = 0.0, 0.0
+    for i, r in enumerate(group):
+        batch = job.workers[r]["batch"]
+        stretch = _share(job, nodes[i], counts)
+        compute = job.compute_seconds(r, batch)
+        if not job.sleep_compute:
+            compute *= stretch
+        if n == 1:
+            slowest = max(slowest, compute)
+            continue
+        a, b = nodes[i], (nodes[(i + 1) % n])
+        bw, lat, copy = link_between(job, a, b)
+        max_latency = max(max_latency, lat)
+        if copy:  # a memory copy on the cores compute also uses
+            slowest = max(slowest, compute + lat + per_link / bw * stretch)
+            continue
+        if a != b:
+            bw /= max(leaving.get(a, 1), entering.get(b, 1))
+        forward = compute * job.forward_share
+        backward = compute - forward
+        finish = compute
+        remaining = per_link
+        for ready, share in job.buckets:
+            finish = max(finish, forward + backward * ready + lat + remaining / bw)
+            remaining -= per_link * share
+        slowest = max(slowest, finish)
+    if n > 1:
+        slowest += (2 * (n - 1) - 1) * max_latency
+    return slowest
+
+
+def _broadcast_seconds(job: SimJob, group: list[int]) -> float:
+    """The new weights down the group's chain (one flow per link, pipelined)."""
+    n = len(group)
+    if n < 2:
+        return 0.0
+    worst, max_latency = 0.0, 0.0
+    for i in range(n - 1):
+        a, b = job.workers[group[i]]["node"], job.workers[group[i + 1]]["node"]
+        bw, lat, _ = link_between(job, a, b)
+        worst = max(worst, lat + job.grad_bytes / bw)
+        max_latency = max(max_latency, lat)
+    return worst + max(0, n - 2) * max_latency
+
+
+def _server_seconds(job: SimJob) -> tuple[list[float], list[float]]:
+    """Per server: its update's seconds, and its seconds of link time per
+    update (its shard in over its node's link, shared by the node's servers)."""
+    k = len(job.servers)
+    on_node: dict[int, int] = {}
+    for s in job.servers:
+        on_node[s["node"]] = on_node.get(s["node"], 0) + 1
+    update, link = [], []
+    for s in job.servers:
+        node = job.nodes[s["node"]]
+        seconds = job.server_update_s + job.master_bytes / k * job.server_byte_s
+        update.append(seconds / float(s["speed"]))
+        shard = job.grad_bytes / k
+        if node["shared"]:
+            bw = float(job.inter["bandwidth"]) / on_node[s["node"]]
+        else:
+            bw = min(
+                float(node["intra"]["bandwidth"]),
+                float(job.inter["bandwidth"]) / on_node[s["node"]],
+            )
+        link.append(shard / bw)
+    return update, link
+
+
+def _exchange_seconds(job: SimJob, group: list[int], update: list[float]) -> float:
+    """The leader's push of a shard to every server, the update, the reply."""
+    leader = job.workers[group[0]]["node"]
+    k = len(job.servers)
+    shard = job.grad_bytes / k
+    worst = 0.0
+    off_node = sum(1 for s in job.servers if s["node"] != leader)
+    for s, seconds in zip(job.servers, update, strict=True):
+        bw, lat, _ = link_between(job, leader, s["node"])
+        if s["node"] != leader:
+            bw /= max(1, off_node)  # the leader's pushes share its uplink
+        worst = max(worst, 2 * (lat + shard / bw) + seconds)
+    return worst
+
+
+def estimate(job: SimJob) -> Estimate:
+    """The analytic prediction for ``job`` (see the module)."""
+    ideal = job.ideal_samples_per_sec()
+    steps = [group_step_seconds(job, g) for g in job.groups]
+    samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
+    if job.mode == "sync" or not job.servers:
+        rate = sum(s / t for s, t in zip(samples, steps, strict=True) if t > 0)
+        return Estimate(rate, ideal, tuple(steps))
+    update, link = _server_seconds(job)
+    cycles = [
+        step + _exchange_seconds(job, g, update) + _broadcast_seconds(job, g)
+        for g, step in zip(job.groups, steps, strict=True)
+    ]
+    service = max(max(u, lk) for u, lk in zip(update, link, strict=True))
+    wait = _queue_wait(cycles, service)
+    rate = sum(s / (c + wait) for s, c in zip(samples, cycles, strict=True))
+    return Estimate(rate, ideal, tuple(c + wait for c in cycles), server_wait_s=wait)
+
+
+def _queue_wait(cycles: list[float], service: float) -> float:
+    """The wait ``w >= 0`` with ``sum 1/(c + w) = 1/service`` (0 below saturation)."""
+    if service <= 0 or sum(1.0 / c for c in cycles) <= 1.0 / service:
+        return 0.0
+    low, high = 0.0, len(cycles) * service
+    for _ in range(100):  # bisection: the sum falls as w grows
+        mid = (low + high) / 2
+        if sum(1.0 / (c + mid) for c in cycles) > 1.0 / service:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+    return high if math.isfinite(high) else 0.0
