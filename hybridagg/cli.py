@@ -14,6 +14,8 @@ Subcommands:
         predict a training run (train's options) on SimGrid.
     ``hybridagg profile --model NAME --out P.json ...``
         measure what a model needs here (``mpiexec -n N``: the all-reduce too).
+    ``hybridagg plan --profile P.json [--cluster C.yaml | -n N] --objective ...``
+        choose mode, groups, servers and batches (a plan file for train).
 """
 
 from __future__ import annotations
@@ -163,6 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
         "mpiexec -n N) the group all-reduce; write a profile file.",
     )
     add_arguments(profile, ProfileConfig, PROFILE_CONCERNS)
+    from .train.config.simulation import PLAN_CONCERNS, PlanConfig
+
+    plan = sub.add_parser(
+        "plan",
+        help="choose mode, groups, servers and batches for a cluster",
+        description="Choose the mode, groups, number and placement of servers, "
+        "per-rank batches and nodes of a job on a cluster file (or this "
+        "machine's emulation, -n N), for the most samples/s or the lowest cost "
+        "per hour that reaches a rate; SimGrid confirms the choice.",
+    )
+    add_arguments(plan, PlanConfig, PLAN_CONCERNS)
+    ranks = next(a for a in plan._actions if a.dest == "ranks")
+    ranks.option_strings.insert(0, "-n")  # as mpiexec and hybridagg run spell it
+    plan._option_string_actions["-n"] = ranks
     return parser
 
 
@@ -675,6 +691,85 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 _COMMANDS["profile"] = _cmd_profile
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """Run ``hybridagg plan``: exit 2 with one message on bad input, or when no
+    configuration reaches the required samples/s."""
+    import json
+
+    from .runtime.outcomes import ExitCode
+    from .sim import load_profile
+    from .sim.planner import plan
+    from .train.config.simulation import PlanConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, PlanConfig)
+        if cfg.profile is not None:
+            profile = load_profile(cfg.profile)
+        else:
+            profile = _profile_here(cfg)
+        chosen, result, note = plan(cfg, profile)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg plan: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    p = chosen
+    rows = [
+        ("cluster", f"{p.cluster} (nodes used: {p.nodes})"),
+        ("objective", p.objective
+         + (f" (at least {p.min_samples_per_sec:g} samples/s)" if p.min_samples_per_sec else "")),
+        ("searcher", f"{p.searcher}, {result.evaluated} configurations scored"
+         + (f", {result.pruned} node sets pruned" if result.pruned else "")),
+        ("mode", f"{p.mode}, {len(p.groups)} group(s), {p.servers} server(s)"),
+        ("ranks", f"{p.ranks} ({p.workers} workers + {p.servers} servers)"),
+        ("batches", ("speed-proportional" if p.adaptive_batch else "equal")
+         + (f" {p.batch_sizes}" if p.workers <= 16 else "")),
+        ("predicted samples/s", f"{p.predicted_samples_per_sec:.1f}"),
+        ("ideal samples/s", f"{p.ideal_samples_per_sec:.1f}"),
+        ("sync on every node", "-" if p.sync_samples_per_sec is None
+         else f"{p.sync_samples_per_sec:.1f} samples/s"),
+        ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
+        ("cost per hour", f"{p.cost_per_hour:g}"),
+        ("train flags", " ".join(p.train_args())),
+    ]  # fmt: skip
+    if p.workers <= 64:
+        rows.insert(4, ("groups", json.dumps(p.groups)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    for path in (cfg.json, cfg.out):
+        if path:
+            p.save(path)
+    return 0
+
+
+def _profile_here(cfg):
+    """``hybridagg plan --model NAME``: profile the model on this process."""
+    import torch
+
+    from .train.config.simulation import ProfileConfig
+    from .train.models import build_model
+    from .train.profiler import profile_model
+
+    pcfg = ProfileConfig(
+        out="-", model=cfg.model, data=cfg.data, sample_shape=cfg.sample_shape,
+        classes=cfg.classes, batch_size=cfg.batch_size, reps=3,
+    )  # fmt: skip
+    if pcfg.data is not None:
+        from .data.format import inspect_split, open_file
+
+        with open_file(pcfg.data) as f:
+            info = inspect_split(f, "train", path=pcfg.data)
+        shape, classes = tuple(info.sample_shape), int(info.num_classes)
+    else:
+        shape, classes = pcfg.parsed_shape(), int(pcfg.classes)
+    torch.manual_seed(0)
+    model = build_model(pcfg.model, shape, classes)
+    return profile_model(model, pcfg.model, shape, pcfg.batch_size, pcfg, reps=3)
+
+
+_COMMANDS["plan"] = _cmd_plan
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
-from .config.simulation import PROFILE_CONCERNS, SIMULATE_CONCERNS
+from .config.simulation import PLAN_CONCERNS, PROFILE_CONCERNS, SIMULATE_CONCERNS
 
 __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 
@@ -45,7 +45,7 @@ __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 def _class_docs() -> dict[str, dict[str, str]]:
     """Each concern's fields' docstrings (the string literal after the field),
     by class name: two commands' concerns may document a name differently."""
-    concerns = (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS)
+    concerns = (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS, *PLAN_CONCERNS)
     modules = dict.fromkeys(sys.modules[c.__module__] for c in concerns)
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
     docs: dict[str, dict[str, str]] = {}

@@ -1,10 +1,12 @@
-"""``hybridagg simulate`` and ``hybridagg profile``: their configurations.
+"""``hybridagg simulate``, ``profile`` and ``plan``: their configurations.
 
 :class:`SimulateConfig` is :class:`~hybridagg.train.config.TrainConfig` (every
 training flag, checked the same way) with ``--data`` made optional (a
 simulation reads no data; the file, when given, tells the epoch's size) and
 :class:`SimulationOptions` added. :class:`ProfileConfig` is the model and
-optimizer concerns with :class:`ProfileOptions`. Pure logic.
+optimizer concerns with :class:`ProfileOptions`. :class:`PlanConfig` is
+:class:`PlanOptions` alone (the planner chooses mode, groups, servers and
+batches itself). Pure logic.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from .fields import Concern, check_declared, option
 from .training import ModelOptions, OptimOptions
 
 __all__ = [
+    "PLAN_CONCERNS",
     "PROFILE_CONCERNS",
     "SIMULATE_CONCERNS",
+    "PlanConfig",
+    "PlanOptions",
     "ProfileConfig",
     "ProfileOptions",
     "SimulateConfig",
@@ -139,3 +144,124 @@ class ProfileConfig(ProfileOptions, OptimOptions, ModelOptions):
 
 PROFILE_CONCERNS: tuple[type, ...] = (ModelOptions, OptimOptions, ProfileOptions)
 """The concerns of ``hybridagg profile``, in the order of its ``--help``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions(Concern):
+    """What to plan for, what to optimise, and where the plan goes."""
+
+    help_group: ClassVar[str] = "plan"
+
+    cluster: str | None = None
+    """cluster file (YAML, JSON or TOML); or -n N for this machine's emulation"""
+
+    ranks: int | None = option(None, at_least=2)
+    """this machine's emulation: ranks of the job, servers included, as
+    mpiexec -n would give them (with --slowdown and --sample-ms)"""
+
+    profile: str | None = None
+    """profile file from 'hybridagg profile' (what the model needs)"""
+
+    model: str | None = None
+    """or a model to profile here on the spot (with --data, or --sample-shape
+    and --classes)"""
+
+    data: str | None = None
+    """with --model: HDF5 file from 'hybridagg convert' (the sample shape and
+    the classes)"""
+
+    sample_shape: str | None = None
+    """with --model: one sample's shape, e.g. 3,32,32"""
+
+    classes: int | None = option(None, at_least=1)
+    """with --model: number of classes"""
+
+    batch_size: int = option(32, at_least=1)
+    """samples per rank per step (the base of equal and speed-proportional
+    batches)"""
+
+    slowdown: str | None = None
+    """the emulation's per-rank slowdown (as hybridagg train's --slowdown)"""
+
+    sample_ms: float = option(0.0, at_least=0)
+    """the emulation's milliseconds of compute per sample (as hybridagg
+    train's --sample-ms)"""
+
+    wire: str = option("fp32", choices=("fp32", "bf16", "fp16"))
+    """the gradients' format on the wire (as hybridagg train's --wire)"""
+
+    objective: str = option("throughput", choices=("throughput", "cost"))
+    """throughput: the most samples/s; cost: the cheapest per hour that
+    reaches --min-samples-per-sec"""
+
+    min_samples_per_sec: float | None = option(None, at_least=0)
+    """with --objective cost: the samples/s the plan must reach"""
+
+    searcher: str = option("auto", choices=("auto", "exact", "rl"))
+    """exact: every configuration but those a bound rules out; rl: a policy
+    trained with REINFORCE on the analytic model; auto: exact up to 4096
+    configurations, rl beyond"""
+
+    seed: int = option(0, at_least=0)
+    """seed of the rl searcher"""
+
+    rounds: int = option(150, at_least=1)
+    """policy updates of the rl searcher (16 configurations each)"""
+
+    confirm_ranks: int = option(64, at_least=0)
+    """simulate the chosen plan with SimGrid when it has at most this many
+    workers (0: never)"""
+
+    sim_timeout: float = option(600.0, at_least=1)
+    """seconds the confirming simulation may run"""
+
+    json: str | None = None
+    """also write the plan and its predictions to this JSON file"""
+
+    out: str | None = None
+    """write the plan file (for hybridagg train --plan) here"""
+
+    def _check(self) -> None:
+        if (self.profile is None) == (self.model is None):
+            raise ValueError("give --profile FILE, or --model NAME to profile here")
+        if self.model is None and (
+            self.data is not None
+            or self.sample_shape is not None
+            or self.classes is not None
+        ):
+            raise ValueError("--data, --sample-shape and --classes go with --model")
+        if (
+            self.model is not None
+            and self.data is None
+            and (self.sample_shape is None or self.classes is None)
+        ):
+            raise ValueError(
+                "--model needs --data FILE.h5, or --sample-shape and --classes"
+            )
+        if (self.cluster is None) == (self.ranks is None):
+            raise ValueError(
+                "give --cluster FILE, or -n N to plan for this machine's emulation"
+            )
+        if self.objective == "cost" and self.min_samples_per_sec is None:
+            raise ValueError(
+                "--objective cost needs --min-samples-per-sec X: the samples/s "
+                "the cheapest plan must reach"
+            )
+        if self.objective != "cost" and self.min_samples_per_sec is not None:
+            raise ValueError("--min-samples-per-sec goes with --objective cost")
+        from ...slowdown import parse_slowdown
+
+        parse_slowdown(self.slowdown)  # raises on a malformed spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig(PlanOptions):
+    """``hybridagg plan``'s options (see ``hybridagg plan --help``).
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+
+PLAN_CONCERNS: tuple[type, ...] = (PlanOptions,)
+"""The concerns of ``hybridagg plan``, in the order of its ``--help``."""
