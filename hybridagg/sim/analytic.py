@@ -26,6 +26,9 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   same ``w`` in its queue, the one that makes ``sum_g 1 / (cycle_g + w)``
   the service rate (first come, first served). With one server and tiny
   transfers this is the service-rate bound ``1 / update time`` exactly.
+  Below saturation a push waits as in a queue: the server's link shared
+  fairly (processor sharing), its updates first come, first served
+  (M/D/1's mean wait), the load found by a fixed point.
 
 Not modelled (the simulator's business): contention between groups on a
 shared link, queueing below saturation, ``--overlap``, the staleness bound.
@@ -181,19 +184,45 @@ def _server_seconds(job: SimJob) -> tuple[list[float], list[float]]:
     return update, link
 
 
-def _exchange_seconds(job: SimJob, group: list[int], update: list[float]) -> float:
-    """The leader's push of a shard to every server, the update, the reply."""
+def _exchange_seconds(
+    job: SimJob,
+    group: list[int],
+    update: list[float],
+    link: list[float],
+    link_busy: list[float],
+    cpu_busy: list[float],
+    nic_busy: float = 0.0,
+) -> float:
+    """The leader's push of a shard to every server, the update, the reply.
+
+    A server's link is shared fairly by the transfers on it (processor
+    sharing: a transfer takes ``t / (1 - busy)``); its updates run one at a
+    time (first come, first served: a push waits ``busy x u / (2 (1 - busy))``
+    for the updates before it, M/D/1's mean), ``busy`` being the share of
+    time the link or the server is in use.
+    """
     leader = job.workers[group[0]]["node"]
     k = len(job.servers)
     shard = job.grad_bytes / k
     worst = 0.0
     off_node = sum(1 for s in job.servers if s["node"] != leader)
-    for s, seconds in zip(job.servers, update, strict=True):
+    for s, seconds, on_link, lb, cb in zip(
+        job.servers, update, link, link_busy, cpu_busy, strict=True
+    ):
         bw, lat, _ = link_between(job, leader, s["node"])
         if s["node"] != leader:
             bw /= max(1, off_node)  # the leader's pushes share its uplink
-        worst = max(worst, 2 * (lat + shard / bw) + seconds)
+            transfer = max(shard / bw / (1 - nic_busy), on_link / (1 - lb))
+        else:
+            transfer = shard / bw
+        wait = cb * seconds / (2 * (1 - cb))
+        worst = max(worst, 2 * (lat + transfer) + seconds + wait)
     return worst
+
+
+BUSY_CAP = 0.95
+"""The highest share of time a server or its link counts as busy below
+saturation (the waits grow without bound as it nears 1)."""
 
 
 def estimate(job: SimJob) -> Estimate:
@@ -205,11 +234,55 @@ def estimate(job: SimJob) -> Estimate:
         rate = sum(s / t for s, t in zip(samples, steps, strict=True) if t > 0)
         return Estimate(rate, ideal, tuple(steps))
     update, link = _server_seconds(job)
-    cycles = [
-        step + _exchange_seconds(job, g, update) + _broadcast_seconds(job, g)
+    rest = [
+        step + _broadcast_seconds(job, g)
         for g, step in zip(job.groups, steps, strict=True)
     ]
+    idle = [0.0] * len(job.servers)
+
+    # each leader's pushes leave its node by the node's link: the seconds
+    # they hold it per update (0 when every server is on the leader's node)
+    leader_node = [job.workers[g[0]]["node"] for g in job.groups]
+    nic = [
+        job.grad_bytes
+        * sum(1 for s in job.servers if s["node"] != n)
+        / len(job.servers)
+        / _up(job, n)[0]
+        for n in leader_node
+    ]
+
+    def cycles_at(
+        link_busy: list[float], cpu_busy: list[float], per_group: list[float]
+    ) -> list[float]:
+        out = []
+        for i, (g, r) in enumerate(zip(job.groups, rest, strict=True)):
+            others = sum(  # the other leaders' pushes on this node's link
+                nic[j] * per_group[j]
+                for j in range(len(job.groups))
+                if j != i and leader_node[j] == leader_node[i]
+            )
+            out.append(
+                r
+                + _exchange_seconds(
+                    job, g, update, link, link_busy, cpu_busy, min(BUSY_CAP, others)
+                )
+            )
+        return out
+
+    cycles = cycles_at(idle, idle, [0.0] * len(job.groups))
     service = max(max(u, lk) for u, lk in zip(update, link, strict=True))
+    if sum(1.0 / c for c in cycles) < 1.0 / service:
+        # below saturation: the queues' waits, to a fixed point (waits lengthen
+        # the cycles, which lowers the load: damped iteration converges)
+        for _ in range(200):
+            per_second = sum(1.0 / c for c in cycles)
+            link_busy = [min(BUSY_CAP, lk * per_second) for lk in link]
+            cpu_busy = [min(BUSY_CAP, u * per_second) for u in update]
+            new = cycles_at(link_busy, cpu_busy, [1.0 / c for c in cycles])
+            done = max(abs(a - b) / b for a, b in zip(new, cycles, strict=True))
+            cycles = [(a + b) / 2 for a, b in zip(new, cycles, strict=True)]
+            if done < 1e-9:
+                break
     wait = _queue_wait(cycles, service)
     rate = sum(s / (c + wait) for s, c in zip(samples, cycles, strict=True))
     return Estimate(rate, ideal, tuple(c + wait for c in cycles), server_wait_s=wait)
