@@ -120,14 +120,21 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
         seed=options.seed,
         rounds=options.rounds,
     )
+    full = tuple(max(c) for c in space.nodes)
     if result.best is None or result.score is None:
         fastest = result.fastest_score
-        if fastest is None:
+        if objective.kind == "cost" and fastest is None:  # every node set pruned
+            raise ValueError(
+                f"no configuration reaches {options.min_samples_per_sec:g} "
+                f"samples/s: every worker of the cluster computing, nothing "
+                f"else, gives {model.upper_bound(full):.1f}"
+            )
+        if fastest is None or result.fastest is None:
             raise ValueError(f"no configuration fits cluster {model.cluster.name}")
         raise ValueError(
             f"no configuration reaches {options.min_samples_per_sec:g} samples/s; "
-            f"the fastest found ({result.fastest.describe() if result.fastest else ''}) "
-            f"predicts {fastest.samples_per_sec:.1f} samples/s"
+            f"the fastest found ({result.fastest.describe()}) predicts "
+            f"{fastest.samples_per_sec:.1f} samples/s"
         )
     chosen = make_plan(
         model,
@@ -138,7 +145,6 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
         searcher=result.searcher,
         evaluated=result.evaluated,
     )
-    full = tuple(max(c) for c in space.nodes)
     sync = model.score(Candidate("sync", full))
     chosen = replace(
         chosen, sync_samples_per_sec=None if sync is None else sync.samples_per_sec
