@@ -12,10 +12,8 @@ from test_sim import PROFILE, gpus, options
 
 from hybridagg.sim import (
     ClusterSpec,
-    LinkSpec,
-    NodeType,
-    ServerPlacement,
     build_job,
+    load_cluster,
     machine_cluster,
     ring_allreduce_seconds,
 )
@@ -88,18 +86,9 @@ def test_hybrid_is_never_above_its_ideal_and_servers_relieve_a_bottleneck():
 
 # ------------------------------------------------------------------ the space
 def _three_types() -> ClusterSpec:
-    """Two kinds of GPU node and a CPU node for servers, with prices."""
-    return ClusterSpec(
-        name="three",
-        node_types=(
-            NodeType("fast", count=2, devices=2, speed=2.0, price_per_hour=10.0),
-            NodeType("slow", count=3, devices=2, speed=1.0, price_per_hour=4.0),
-            NodeType("cpu", count=2, devices=0, price_per_hour=1.0),
-        ),
-        intra_node=LinkSpec(50e9, 2e-6),
-        inter_node=LinkSpec(2.5e9, 1e-5),
-        servers=ServerPlacement(("slow", "cpu"), per_node=1),
-    )
+    """Two kinds of GPU node and CPU nodes for servers, with prices (the
+    example cluster file)."""
+    return load_cluster("examples/clusters/three-speeds-priced.yaml")
 
 
 SMALL = Profile(**{**PROFILE.__dict__, "parameters": 2_000_000})
