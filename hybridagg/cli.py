@@ -456,6 +456,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         envvars.check_all()
         logs.configure(rank, cfg.log_level)
+        if cfg.plan:
+            _check_plan_size(cfg.plan)
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
         if rank == 0:
             _log.error("hybridagg train: error: %s", exc)
@@ -513,6 +515,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _end_if_peer_failed(exc)
         raise
     return 0
+
+
+def _check_plan_size(path: str) -> None:
+    """A job launched with ``--plan`` must have the plan's ranks.
+
+    Raises:
+        ValueError: It has another number, naming both.
+    """
+    from .runtime.launchenv import launch_env
+    from .sim.planfile import load_plan
+
+    size = launch_env().size or 1
+    ranks = load_plan(path).ranks
+    if size != ranks:
+        raise ValueError(
+            f"--plan {path} is for {ranks} ranks (mpiexec -n {ranks}), but this "
+            f"job has {size}"
+        )
 
 
 _ANY_RANK = {"any_rank": True}
@@ -774,8 +794,31 @@ _COMMANDS["plan"] = _cmd_plan
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridagg`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "plan", None) and args.cmd in ("train", "simulate"):
+        args.given_flags = _given_flags(parser, argv, args.cmd)
     return _COMMANDS[args.cmd](args)
+
+
+def _given_flags(
+    parser: argparse.ArgumentParser, argv: list[str] | None, cmd: str
+) -> set[str]:
+    """The fields of ``cmd`` given on the command line (``--plan`` must know
+    which flags the user set, whatever their value): ``argv`` parsed again
+    with every default of ``cmd``'s parser suppressed."""
+    sub = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices[cmd]
+    saved = [(a, a.default) for a in sub._actions]
+    for action, _ in saved:
+        action.default = argparse.SUPPRESS
+    try:
+        given = vars(parser.parse_args(argv))
+    finally:
+        for action, default in saved:
+            action.default = default
+    return set(given) - {"cmd"}
 
 
 if __name__ == "__main__":

@@ -243,3 +243,70 @@ def test_bad_plan_files_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="missing field"):
         load_plan(bad)
+
+
+# ------------------------------------------------------------- train --plan
+def _train_config(argv: list[str]):
+    from hybridagg.cli import _given_flags, build_parser
+    from hybridagg.train.flags import config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.given_flags = _given_flags(parser, argv, args.cmd)
+    return config_from_args(args)
+
+
+def _hybrid_plan(tmp_path):
+    from hybridagg.sim.planfile import make_plan
+
+    model = CostModel(load_cluster("examples/clusters/three-speeds-priced.yaml"), SMALL)
+    c = Candidate("hybrid", (1, 1), "split:2", 1, "cpu", "speed")
+    return make_plan(model, c, model.score(c), objective="throughput",
+                     min_samples_per_sec=None, searcher="exact").save(tmp_path / "p.json")  # fmt: skip
+
+
+def test_train_takes_the_plan_and_refuses_conflicting_flags(tmp_path):
+    path = str(_hybrid_plan(tmp_path))
+    cfg = _train_config(["train", "--data", "d.h5", "--plan", path])
+    assert (cfg.mode, cfg.groups, cfg.servers) == ("hybrid", "0-1,2-3", 1)
+    assert cfg.adaptive_batch and cfg.batch_size == 32
+    # a flag that agrees with the plan is fine, even at its default value
+    same = _train_config(
+        ["train", "--data", "d.h5", "--plan", path, "--batch-size", "32"]
+    )
+    assert same == cfg
+    for flags, message in [
+        (["--mode", "sync"], "sets --mode to hybrid, but --mode sync"),
+        (["--servers", "2"], "sets --servers to 1, but --servers 2"),
+        (["--groups", "node"], "sets --groups to 0-1,2-3"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _train_config(["train", "--data", "d.h5", "--plan", path, *flags])
+
+
+def test_train_refuses_a_plan_for_another_number_of_ranks(tmp_path):
+    path = _hybrid_plan(tmp_path)  # 5 ranks: 4 workers and a server
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "train", "--data", "d.h5",
+         "--plan", str(path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "is for 5 ranks (mpiexec -n 5), but this job has 1" in done.stderr
+
+
+def test_command_profiles_a_model_on_the_spot(tmp_path):
+    out = tmp_path / "plan.json"
+    done = _plan("--model", "mlp", "--sample-shape", "64", "--classes", "10",
+                 "-n", "4", "--sample-ms", "1", "--slowdown", "3:3",
+                 "--confirm-ranks", "0", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "not simulated (--confirm-ranks 0)" in done.stdout
+    plan = load_plan(out)
+    # the slowed rank 3 (of 4 workers) gets the smallest batch when batches
+    # follow speed; either way the prediction stays below the ideal
+    assert plan.predicted_samples_per_sec <= plan.ideal_samples_per_sec
+    if plan.mode == "sync" and plan.adaptive_batch:
+        assert plan.batch_sizes[3] == min(plan.batch_sizes)
+    missing = _plan("--model", "mlp", "-n", "4")
+    assert missing.returncode == 2 and "--sample-shape and --classes" in missing.stderr

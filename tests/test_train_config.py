@@ -58,6 +58,7 @@ FLAGS = [
     "--optimizer",
     "--overlap",
     "--overwrite-checkpoints",
+    "--plan",
     "--resume",
     "--sample-ms",
     "--save-model",

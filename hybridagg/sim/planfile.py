@@ -61,6 +61,16 @@ class Plan:
             args.append("--adaptive-batch")
         return args
 
+    def settings(self) -> dict[str, Any]:
+        """The plan as ``hybridagg train``'s configuration fields (``--plan``)."""
+        return {
+            "mode": self.mode,
+            "groups": groups_spec(self.groups) if self.mode == "hybrid" else None,
+            "servers": self.servers,
+            "batch_size": self.batch_size,
+            "adaptive_batch": self.adaptive_batch,
+        }
+
     def as_dict(self) -> dict[str, Any]:
         """The file's JSON object."""
         return {

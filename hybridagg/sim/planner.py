@@ -165,4 +165,6 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
             f"not confirmed: {chosen.workers} workers > --confirm-ranks "
             f"{options.confirm_ranks}"
         )
+    else:
+        note = "not simulated (--confirm-ranks 0)"
     return chosen, result, note

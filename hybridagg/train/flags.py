@@ -163,8 +163,25 @@ def option_strings(
 def config_from_args(args: argparse.Namespace, config: type = TrainConfig) -> Any:
     """Build and validate a :class:`TrainConfig` (or ``config``) from parsed arguments.
 
+    With ``--plan FILE`` the plan's settings are applied first
+    (:func:`~.config.planned.apply_plan`); the flags given on the command
+    line are ``args.given_flags`` (set by ``hybridagg.cli.main``; without it
+    a field counts as given when it differs from its default).
+
     Raises:
-        ValueError: A bad value, naming its flag.
+        ValueError: A bad value, naming its flag, or one that conflicts with
+            the plan.
     """
     names = {f.name for f in fields(config)}
-    return config(**{k: v for k, v in vars(args).items() if k in names})
+    values = {k: v for k, v in vars(args).items() if k in names}
+    if values.get("plan"):
+        from .config.planned import apply_plan
+
+        given = getattr(args, "given_flags", None)
+        if given is None:
+            defaults = {
+                f.name: f.default for f in fields(config) if f.default is not MISSING
+            }
+            given = {k for k, v in values.items() if defaults.get(k, MISSING) != v}
+        values = apply_plan(values, given)
+    return config(**values)
