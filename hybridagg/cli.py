@@ -176,9 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         "per hour that reaches a rate; SimGrid confirms the choice.",
     )
     add_arguments(plan, PlanConfig, PLAN_CONCERNS)
-    ranks = next(a for a in plan._actions if a.dest == "ranks")
-    ranks.option_strings.insert(0, "-n")  # as mpiexec and hybridagg run spell it
-    plan._option_string_actions["-n"] = ranks
+    workers = next(a for a in plan._actions if a.dest == "workers")
+    workers.option_strings.insert(0, "-n")  # the emulation's workers, short
+    plan._option_string_actions["-n"] = workers
     return parser
 
 

@@ -206,15 +206,20 @@ def test_command_writes_a_plan_that_reads_back(tmp_path):
                 "predicted_samples_per_sec", "ideal_samples_per_sec", "cost_per_hour"):  # fmt: skip
         assert key in data
     plan = load_plan(out)
-    assert plan.ranks == 5 and sum(len(g) for g in plan.groups) == plan.workers
+    assert plan.workers == 5 and plan.ranks == 5 + plan.servers
+    assert sum(len(g) for g in plan.groups) == plan.workers
     assert plan.predicted_samples_per_sec <= plan.ideal_samples_per_sec
-    # the slowed ranks get smaller batches when batches follow speed
+    # with batches by speed, a slowed rank (2, 3) never gets more than an
+    # unslowed one of its group
     if plan.adaptive_batch:
-        assert plan.batch_sizes[2] < plan.batch_sizes[0]
+        for g in plan.groups:
+            slow = [plan.batch_sizes[r] for r in g if r in (2, 3)]
+            fast = [plan.batch_sizes[r] for r in g if r not in (2, 3)]
+            assert not slow or not fast or max(slow) <= min(fast)
     assert "--mode" in data["train_args"]
     if HAVE_SIMGRID:  # confirmed on the simulator (5 workers <= 64)
         assert plan.simulated_samples_per_sec == pytest.approx(
-            plan.predicted_samples_per_sec, rel=0.15
+            plan.predicted_samples_per_sec, rel=0.25
         )
     assert "predicted samples/s" in done.stdout
 
@@ -227,7 +232,7 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path):
     assert both.returncode == 2 and "--cluster FILE, or -n N" in both.stderr
     far = _plan("--profile", str(prof), "--cluster",
                 "examples/clusters/four-workers-10g.yaml", "--objective", "cost",
-                "--min-samples-per-sec", "1e9", "--confirm-ranks", "0")  # fmt: skip
+                "--min-samples-per-sec", "1e9", "--confirm-workers", "0")  # fmt: skip
     assert far.returncode == 2 and "no configuration reaches" in far.stderr
 
 
@@ -299,9 +304,9 @@ def test_command_profiles_a_model_on_the_spot(tmp_path):
     out = tmp_path / "plan.json"
     done = _plan("--model", "mlp", "--sample-shape", "64", "--classes", "10",
                  "-n", "4", "--sample-ms", "1", "--slowdown", "3:3",
-                 "--confirm-ranks", "0", "--out", str(out))  # fmt: skip
+                 "--confirm-workers", "0", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "not simulated (--confirm-ranks 0)" in done.stdout
+    assert "not simulated (--confirm-workers 0)" in done.stdout
     plan = load_plan(out)
     # the slowed rank 3 (of 4 workers) gets the smallest batch when batches
     # follow speed; either way the prediction stays below the ideal

@@ -28,7 +28,10 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   transfers this is the service-rate bound ``1 / update time`` exactly.
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
-  (M/D/1's mean wait), the load found by a fixed point.
+  (M/D/1's mean wait), the load found by a fixed point. On a node of
+  shared cores, the groups' core-seconds there per second (compute that
+  executes, copies, server updates) may not exceed its cores: every group
+  waits what keeps them within.
 
 Not modelled (the simulator's business): contention between groups on a
 shared link, queueing below saturation, ``--overlap``, the staleness bound.
@@ -270,22 +273,98 @@ def estimate(job: SimJob) -> Estimate:
         return out
 
     cycles = cycles_at(idle, idle, [0.0] * len(job.groups))
-    service = max(max(u, lk) for u, lk in zip(update, link, strict=True))
+    # a server copies its reply itself to a leader on its node of shared
+    # cores before it serves the next push: that copy is part of its service
+    busy = [
+        u + _reply_copy_seconds(job, s)
+        for s, u in zip(job.servers, update, strict=True)
+    ]
+    service = max(max(u, lk) for u, lk in zip(busy, link, strict=True))
     if sum(1.0 / c for c in cycles) < 1.0 / service:
         # below saturation: the queues' waits, to a fixed point (waits lengthen
         # the cycles, which lowers the load: damped iteration converges)
         for _ in range(200):
             per_second = sum(1.0 / c for c in cycles)
             link_busy = [min(BUSY_CAP, lk * per_second) for lk in link]
-            cpu_busy = [min(BUSY_CAP, u * per_second) for u in update]
+            cpu_busy = [min(BUSY_CAP, u * per_second) for u in busy]
             new = cycles_at(link_busy, cpu_busy, [1.0 / c for c in cycles])
             done = max(abs(a - b) / b for a, b in zip(new, cycles, strict=True))
             cycles = [(a + b) / 2 for a, b in zip(new, cycles, strict=True)]
             if done < 1e-9:
                 break
     wait = _queue_wait(cycles, service)
+    wait = max(wait, _cores_wait(job, cycles, update))
     rate = sum(s / (c + wait) for s, c in zip(samples, cycles, strict=True))
     return Estimate(rate, ideal, tuple(c + wait for c in cycles), server_wait_s=wait)
+
+
+def _reply_copy_seconds(job: SimJob, server: dict) -> float:
+    """A server's mean seconds copying replies to leaders on its own node of
+    shared cores, per update (groups equally weighted)."""
+    node = job.nodes[server["node"]]
+    if not node["shared"]:
+        return 0.0
+    local = sum(1 for g in job.groups if job.workers[g[0]]["node"] == server["node"])
+    shard = job.grad_bytes / len(job.servers)
+    return local / len(job.groups) * shard / float(node["memcpy_Bps"])
+
+
+def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
+    """Per node of shared cores: each group's core-seconds there per update
+    (compute that executes, ring and broadcast hops as copies, the leader's
+    pushes and replies to servers on the node as copies, the servers' updates)."""
+    work: dict[int, list[float]] = {}
+    k = len(job.servers)
+    for n, node in enumerate(job.nodes):
+        if not node["shared"]:
+            continue
+        copy = float(node["memcpy_Bps"])
+        per_group = []
+        for g in job.groups:
+            size = len(g)
+            seconds = 0.0
+            for i, r in enumerate(g):
+                if job.workers[r]["node"] != n:
+                    continue
+                if not job.sleep_compute:
+                    seconds += job.compute_seconds(r, job.workers[r]["batch"])
+                nxt = job.workers[g[(i + 1) % size]]["node"]
+                if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
+                    seconds += 2 * (size - 1) / size * job.grad_bytes / copy
+                    seconds += job.grad_bytes / copy if i < size - 1 else 0.0
+            leader = job.workers[g[0]]["node"]
+            for s, u in zip(job.servers, update, strict=True):
+                if s["node"] == n:
+                    seconds += u
+                    if leader == n:  # push and reply of the shard, copied
+                        seconds += 2 * job.grad_bytes / k / copy
+            per_group.append(seconds)
+        work[n] = per_group
+    return work
+
+
+def _cores_wait(job: SimJob, cycles: list[float], update: list[float]) -> float:
+    """The wait that keeps each node of shared cores within its cores: the
+    groups' core-seconds per second there at most ``cores`` (0 if they fit)."""
+    worst = 0.0
+    for n, per_group in _core_work(job, update).items():
+        cores = float(job.nodes[n]["cores"])
+        if sum(w / c for w, c in zip(per_group, cycles, strict=True)) <= cores:
+            continue
+        low, high = 0.0, sum(per_group) / cores
+        for _ in range(100):  # bisection: the demand falls as the wait grows
+            mid = (low + high) / 2
+            if (
+                sum(w / (c + mid) for w, c in zip(per_group, cycles, strict=True))
+                > cores
+            ):
+                low = mid
+            else:
+                high = mid
+            if high - low <= 1e-12 * max(1.0, high):
+                break
+        worst = max(worst, high)
+    return worst
 
 
 def _queue_wait(cycles: list[float], service: float) -> float:

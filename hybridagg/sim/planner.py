@@ -3,7 +3,7 @@
 :func:`make_model` reads the cluster (or this machine's emulation),
 :func:`search` runs the chosen searcher over the cost model's default
 space, :func:`confirm` simulates the chosen configuration with SimGrid (at
-most ``confirm_ranks`` workers: a 64-rank simulation takes seconds), and
+most ``confirm_workers`` workers: a 64-rank simulation takes seconds), and
 :func:`plan` does all three for ``hybridagg plan``'s options.
 """
 
@@ -33,7 +33,7 @@ class PlanOptions(Protocol):
     """``hybridagg plan``'s options that the planner reads."""
 
     cluster: str | None
-    ranks: int | None
+    workers: int | None
     batch_size: int
     slowdown: str | None
     sample_ms: float
@@ -43,7 +43,7 @@ class PlanOptions(Protocol):
     searcher: str
     seed: int
     rounds: int
-    confirm_ranks: int
+    confirm_workers: int
     sim_timeout: float
 
 
@@ -52,13 +52,13 @@ def make_model(options: PlanOptions, profile: Profile) -> CostModel:
     if options.cluster is not None:
         cluster = load_cluster(options.cluster)
     else:
-        cluster = machine_cluster(profile, int(options.ranks or 2), 0)
-        cluster = replace(cluster, name=f"this machine, {options.ranks} ranks")
+        cluster = machine_cluster(profile, int(options.workers or 2), 0)
+        cluster = replace(cluster, name=f"this machine, {options.workers} workers")
     return CostModel(
         cluster,
         profile,
         batch_size=options.batch_size,
-        ranks=options.ranks if options.cluster is None else None,
+        workers=options.workers if options.cluster is None else None,
         slowdown=options.slowdown,
         sample_ms=options.sample_ms,
         wire=options.wire,
@@ -150,7 +150,7 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
         chosen, sync_samples_per_sec=None if sync is None else sync.samples_per_sec
     )
     note = ""
-    if options.confirm_ranks and chosen.workers <= options.confirm_ranks:
+    if options.confirm_workers and chosen.workers <= options.confirm_workers:
         try:
             simulated = confirm(model, result.best, timeout=options.sim_timeout)
             chosen = replace(
@@ -160,11 +160,11 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
             note = f"not confirmed: {exc}"
         except (TimeoutError, RuntimeError) as exc:
             note = f"not confirmed: the simulation failed: {exc}"
-    elif options.confirm_ranks:
+    elif options.confirm_workers:
         note = (
-            f"not confirmed: {chosen.workers} workers > --confirm-ranks "
-            f"{options.confirm_ranks}"
+            f"not confirmed: {chosen.workers} workers > --confirm-workers "
+            f"{options.confirm_workers}"
         )
     else:
-        note = "not simulated (--confirm-ranks 0)"
+        note = "not simulated (--confirm-workers 0)"
     return chosen, result, note

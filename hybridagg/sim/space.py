@@ -235,11 +235,12 @@ class CostModel:
     """Scores candidates on a cluster for a profile (see the module).
 
     Args:
-        cluster: The cluster (ignored with ``ranks``).
+        cluster: The cluster (ignored with ``workers``).
         profile: The model's profile.
         batch_size: ``--batch-size`` (per rank; the base of both batch rules).
-        ranks: This machine's emulation: ``-n`` ranks (servers included) on
-            :func:`~.job.machine_cluster`; ``None`` for ``cluster``.
+        workers: This machine's emulation: this many workers on
+            :func:`~.job.machine_cluster` (``--slowdown`` names them), the
+            candidate's servers beside them; ``None`` for ``cluster``.
         slowdown: ``--slowdown`` (emulation).
         sample_ms: ``--sample-ms`` (emulation).
         wire: ``--wire``.
@@ -248,7 +249,7 @@ class CostModel:
     cluster: ClusterSpec
     profile: Profile
     batch_size: int = 32
-    ranks: int | None = None
+    workers: int | None = None
     slowdown: str | None = None
     sample_ms: float = 0.0
     wire: str = "fp32"
@@ -263,8 +264,8 @@ class CostModel:
     def default_space(self, *, modes: tuple[str, ...] = MODES) -> Space:
         """Every node count up to 8 nodes of a type (beyond: powers of two and
         all), server counts in powers of two up to the placement's limit."""
-        if self.ranks is not None:
-            limit = max(1, self.ranks // 2)
+        if self.workers is not None:
+            limit = max(1, self.workers // 2)
             return Space(
                 nodes=((1,),),
                 modes=modes,
@@ -299,8 +300,8 @@ class CostModel:
         Raises:
             ValueError: ``c`` uses no worker, or its servers do not fit.
         """
-        if self.ranks is not None:
-            return machine_cluster(self.profile, self.ranks - c.servers, c.servers)
+        if self.workers is not None:
+            return machine_cluster(self.profile, self.workers, c.servers)
         kept = []
         counts = dict(zip(self.worker_types(), c.nodes, strict=True))
         if not any(c.nodes):
@@ -396,14 +397,11 @@ class CostModel:
     def upper_bound(self, nodes: tuple[int, ...]) -> float:
         """Samples/s no candidate on these nodes can beat: their ideal (every
         worker computing, nothing else), servers left out."""
-        c = Candidate("sync", nodes)
-        if self.ranks is not None:
-            c = replace(c, servers=0)
-        return self.job(c).ideal_samples_per_sec()
+        return self.job(Candidate("sync", nodes)).ideal_samples_per_sec()
 
     def node_price(self, nodes: tuple[int, ...]) -> float:
         """The price of these worker nodes (a lower bound of a candidate's cost)."""
-        if self.ranks is not None:
+        if self.workers is not None:
             return self.cost_per_hour(Candidate("sync", nodes))
         types = self.cluster.node_types
         return sum(

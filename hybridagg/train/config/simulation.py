@@ -155,9 +155,10 @@ class PlanOptions(Concern):
     cluster: str | None = None
     """cluster file (YAML, JSON or TOML); or -n N for this machine's emulation"""
 
-    ranks: int | None = option(None, at_least=2)
-    """this machine's emulation: ranks of the job, servers included, as
-    mpiexec -n would give them (with --slowdown and --sample-ms)"""
+    workers: int | None = option(None, at_least=2)
+    """this machine's emulation (also -n N): N workers, which --slowdown and
+    --sample-ms describe; the plan's servers are ranks beside them (its
+    'ranks' says mpiexec -n)"""
 
     profile: str | None = None
     """profile file from 'hybridagg profile' (what the model needs)"""
@@ -208,7 +209,7 @@ class PlanOptions(Concern):
     rounds: int = option(150, at_least=1)
     """policy updates of the rl searcher (16 configurations each)"""
 
-    confirm_ranks: int = option(64, at_least=0)
+    confirm_workers: int = option(64, at_least=0)
     """simulate the chosen plan with SimGrid when it has at most this many
     workers (0: never)"""
 
@@ -238,7 +239,7 @@ class PlanOptions(Concern):
             raise ValueError(
                 "--model needs --data FILE.h5, or --sample-shape and --classes"
             )
-        if (self.cluster is None) == (self.ranks is None):
+        if (self.cluster is None) == (self.workers is None):
             raise ValueError(
                 "give --cluster FILE, or -n N to plan for this machine's emulation"
             )
