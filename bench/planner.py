@@ -8,6 +8,9 @@
 Spaces (each the cost model's default space; the analytic model scores
 every configuration, no simulation):
 
+* ``two-generation-1024, 38 KB model``: the 1,024-GPU cluster with a
+  model of the digits headline's size (a server's update 0.1 ms),
+  ``--objective throughput``;
 * ``three-speeds-priced``: ``examples/clusters/three-speeds-priced.yaml``
   (10 GPUs of two speeds, CPU nodes for servers), ``--objective cost
   --min-samples-per-sec 1500``;
@@ -18,7 +21,7 @@ every configuration, no simulation):
 
 ``--simulate``: the planner's choice against exhaustive simulation: on three
 small spaces (all of ``three-speeds-priced``'s nodes, ``four-workers-10g``,
-the 8-rank emulation; throughput), every configuration is simulated with
+the 8-worker emulation with either profile; throughput), every configuration is simulated with
 SimGrid (20 updates per group) and the simulated samples/s of the exact
 searcher's choice is set beside the best simulated one (the issue's goal:
 within 5%).
@@ -66,10 +69,27 @@ SYNTHETIC = Profile(
 )
 
 
+SMALL_MODEL = Profile(
+    **{
+        **SYNTHETIC.__dict__,
+        "model": "synthetic-38KB",
+        "parameters": 9610,
+        "parameter_bytes": 38440.0,
+        "server": ServerFit(seconds_per_update=1e-4, seconds_per_byte=2e-10),
+    }
+)
+"""The digits headline's size (38 KB of gradient), a server's update 0.1 ms."""
+
+
 def spaces(profile: Profile) -> list[tuple[str, CostModel, Objective]]:
-    """The three fixed spaces (see the module)."""
+    """The fixed spaces (see the module)."""
     clusters = ROOT / "examples" / "clusters"
     return [
+        (
+            "two-generation-1024, 38 KB model",
+            CostModel(load_cluster(clusters / "two-generation-1024.yaml"), SMALL_MODEL),
+            Objective("throughput"),
+        ),
         (
             "three-speeds-priced",
             CostModel(load_cluster(clusters / "three-speeds-priced.yaml"), profile),
@@ -164,11 +184,20 @@ def simulated_spaces(profile: Profile) -> list[tuple[str, CostModel, Space]]:
         slowdown="2-4:2,5-7:4",
         sample_ms=2.0,
     )
+    small = CostModel(
+        machine_cluster(SMALL_MODEL, 8, 0),
+        SMALL_MODEL,
+        workers=8,
+        slowdown="2-4:2,5-7:4",
+        sample_ms=2.0,
+    )
     return [
         ("three-speeds-priced (all nodes)", three,
          replace(three.default_space(), nodes=((2,), (3,)))),
         ("four-workers-10g", four, four.default_space()),
         ("emulated-8-three-speeds", emulated, emulated.default_space()),
+        ("emulated-8-three-speeds, 38 KB model", small,
+         small.default_space()),
     ]  # fmt: skip
 
 

@@ -751,7 +751,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
          else f"{p.sync_samples_per_sec:.1f} samples/s"),
         ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
         ("cost per hour", f"{p.cost_per_hour:g}"),
-        ("train flags", " ".join(p.train_args())),
+        ("train flags", _shorten(" ".join(p.train_args()))),
     ]  # fmt: skip
     if p.workers <= 64:
         rows.insert(4, ("groups", json.dumps(p.groups)))
@@ -762,6 +762,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if path:
             p.save(path)
     return 0
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    """``text`` cut to ``limit`` characters (the plan file keeps it whole)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + " ... (whole in the plan file: train_args)"
 
 
 def _profile_here(cfg):

@@ -22,7 +22,7 @@ from .space import Candidate, CostModel, Space
 
 __all__ = ["AUTO_EXACT_LIMIT", "PlanOptions", "confirm", "make_model", "plan", "search"]
 
-AUTO_EXACT_LIMIT = 4096
+AUTO_EXACT_LIMIT = 20_000
 """``--searcher auto`` searches exactly up to this many raw configurations."""
 
 CONFIRM_UPDATES = 20

@@ -200,7 +200,7 @@ class PlanOptions(Concern):
 
     searcher: str = option("auto", choices=("auto", "exact", "rl"))
     """exact: every configuration but those a bound rules out; rl: a policy
-    trained with REINFORCE on the analytic model; auto: exact up to 4096
+    trained with REINFORCE on the analytic model; auto: exact up to 20000
     configurations, rl beyond"""
 
     seed: int = option(0, at_least=0)
