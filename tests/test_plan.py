@@ -19,11 +19,11 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.planfile import load_plan
+from hybridagg.sim.planfile import groups_spec, load_plan
 from hybridagg.sim.policy import reinforce_search
 from hybridagg.sim.profile import Profile, save_profile
 from hybridagg.sim.search import Objective, exact_search
-from hybridagg.sim.space import Candidate, CostModel, Space, groups_spec
+from hybridagg.sim.space import Candidate, CostModel, Space
 
 try:
     find_extension()
@@ -315,3 +315,31 @@ def test_command_profiles_a_model_on_the_spot(tmp_path):
         assert plan.batch_sizes[3] == min(plan.batch_sizes)
     missing = _plan("--model", "mlp", "-n", "4")
     assert missing.returncode == 2 and "--sample-shape and --classes" in missing.stderr
+
+
+# ------------------------------------------------------------ hybridagg-run
+def test_hybridagg_run_takes_the_plan(tmp_path):
+    from hybridagg.launcher import LaunchError, parse_options
+
+    path = str(_hybrid_plan(tmp_path))  # hybrid, groups 0-1,2-3, 1 server, 5 ranks
+    train = parse_options(["--plan", path, "hybridagg", "train", "--data", "d.h5"], {})
+    assert train.nranks == 5
+    assert train.command[-2:] == ("--plan", path)
+    assert train.mode is None  # train reads the plan itself
+    script = parse_options(["--plan", path, "python", "script.py"], {})
+    assert (script.nranks, script.mode, script.groups, script.servers) == (
+        5, "hybrid", "0-1,2-3", 1,
+    )  # fmt: skip
+    same = parse_options(
+        ["--plan", path, "-n", "5", "--servers", "1", "python", "script.py"], {}
+    )
+    assert same == script
+    for flags, message in [
+        (["-n", "4"], "is for 5 ranks"),
+        (["--mode", "sync"], "--mode sync: the plan"),
+        (["--groups", "node"], "--groups node: the plan"),
+    ]:
+        with pytest.raises(LaunchError, match=message):
+            parse_options(["--plan", path, *flags, "python", "s.py"], {})
+    with pytest.raises(LaunchError, match="does not exist"):
+        parse_options(["--plan", str(tmp_path / "none.json"), "python", "s.py"], {})

@@ -15,14 +15,32 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .space import Candidate, CostModel, Score, groups_spec
+if TYPE_CHECKING:  # types only: reading a plan (the launcher) needs no planner
+    from .space import Candidate, CostModel, Score
 
-__all__ = ["FORMAT", "Plan", "load_plan", "make_plan"]
+__all__ = ["FORMAT", "Plan", "groups_spec", "load_plan", "make_plan"]
 
 FORMAT = "hybridagg-plan"
 VERSION = 1
+
+
+def groups_spec(groups: list[list[int]]) -> str:
+    """Explicit rank lists as a ``--groups`` string (``0-3,4+6``)."""
+    out = []
+    for g in groups:
+        runs: list[str] = []
+        start = prev = g[0]
+        for r in [*g[1:], None]:
+            if r is not None and r == prev + 1:
+                prev = r
+                continue
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            if r is not None:
+                start = prev = r
+        out.append("+".join(runs))
+    return ",".join(out)
 
 
 @dataclass(frozen=True)

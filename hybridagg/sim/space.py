@@ -42,7 +42,6 @@ __all__ = [
     "CostModel",
     "Score",
     "Space",
-    "groups_spec",
 ]
 
 BATCH_RULES = ("equal", "speed")
@@ -182,23 +181,6 @@ def _check_grouping(g: str) -> None:
     raise ValueError(
         f"unknown grouping {g!r}: use node, device, speed:K or split:K (K >= 2)"
     )
-
-
-def groups_spec(groups: list[list[int]]) -> str:
-    """Explicit rank lists as a ``--groups`` string (``0-3,4+6``)."""
-    out = []
-    for g in groups:
-        runs: list[str] = []
-        start = prev = g[0]
-        for r in [*g[1:], None]:
-            if r is not None and r == prev + 1:
-                prev = r
-                continue
-            runs.append(str(start) if start == prev else f"{start}-{prev}")
-            if r is not None:
-                start = prev = r
-        out.append("+".join(runs))
-    return ",".join(out)
 
 
 def _split(workers: int, k: int) -> str:
