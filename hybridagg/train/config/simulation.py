@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import TrainConfig
+from .aggregation import WIRE_FORMATS
 from .fields import Concern, check_declared, option
 from .training import ModelOptions, OptimOptions
 
@@ -188,7 +189,7 @@ class PlanOptions(Concern):
     """the emulation's milliseconds of compute per sample (as hybridagg
     train's --sample-ms)"""
 
-    wire: str = option("fp32", choices=("fp32", "bf16", "fp16"))
+    wire: str = option("fp32", choices=WIRE_FORMATS)
     """the gradients' format on the wire (as hybridagg train's --wire)"""
 
     objective: str = option("throughput", choices=("throughput", "cost"))
