@@ -20,7 +20,7 @@ HOROVOD_VERSION ?= 0.28.1
 HOROVOD_SRC := build/horovod/horovod-$(HOROVOD_VERSION)
 HOROVOD_STAMP := $(VENV)/.horovod-$(HOROVOD_VERSION)
 
-.PHONY: demo test lint format install horovod clean
+.PHONY: demo test lint format install horovod clean simgrid
 
 install: $(STAMP)
 
@@ -65,6 +65,16 @@ $(HOROVOD_STAMP): $(STAMP)
 		MAKEFLAGS=-j2 $(PY) -m pip install --no-build-isolation $(HOROVOD_SRC)
 	$(PY) -c "import horovod.torch"
 	touch $@
+
+# SimGrid for `hybridagg simulate`: Debian's python3-simgrid (3.32; no wheel on
+# PyPI). hybridagg loads its one extension file from dist-packages
+# (hybridagg/sim/_simgrid.py), never the whole folder. Idempotent; needs root.
+simgrid: $(STAMP)
+	@if ! ls /usr/lib/python3/dist-packages/simgrid.cpython-*.so >/dev/null 2>&1; then \
+		test "$$(id -u)" = 0 || { echo "make simgrid needs root (apt-get install python3-simgrid)"; exit 1; }; \
+		apt-get update -qq && apt-get install -y -qq python3-simgrid; \
+	fi
+	$(PY) -c "from hybridagg.sim._simgrid import load; print('simgrid', load().simgrid_version)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

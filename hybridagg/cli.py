@@ -10,6 +10,12 @@ Subcommands:
         write a data set in hybridagg's HDF5 format (train/val/test splits).
     ``hybridagg train --data FILE.h5 --mode sync|hybrid|async ...``
         train a model; launch on every rank (``mpiexec -n N hybridagg train``).
+    ``hybridagg simulate --profile P.json [--cluster C.yaml | --ranks N] ...``
+        predict a training run (train's options) on SimGrid.
+    ``hybridagg profile --model NAME --out P.json ...``
+        measure what a model needs here (``mpiexec -n N``: the all-reduce too).
+    ``hybridagg plan --profile P.json [--cluster C.yaml | -n N] --objective ...``
+        choose mode, groups, servers and batches (a plan file for train).
 """
 
 from __future__ import annotations
@@ -144,6 +150,40 @@ def build_parser() -> argparse.ArgumentParser:
         "Launch on every rank: mpiexec -n N hybridagg train --data FILE.h5 ...",
     )
     add_arguments(train)
+    from .train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="predict a training run on a cluster (SimGrid)",
+        description="Predict samples/s, time per update and staleness of a "
+        "training run (the options of hybridagg train) on a cluster file, "
+        "from a model's profile (hybridagg profile), with SimGrid.",
+    )
+    add_arguments(simulate, SimulateConfig, SIMULATE_CONCERNS)
+    from .train.config.simulation import PROFILE_CONCERNS, ProfileConfig
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure what a model needs here (for hybridagg simulate)",
+        description="Measure a model's compute per sample and per layer, its "
+        "memory, a server's update cost, memory-copy bandwidth and (under "
+        "mpiexec -n N) the group all-reduce; write a profile file.",
+    )
+    add_arguments(profile, ProfileConfig, PROFILE_CONCERNS)
+    from .train.config.simulation import PLAN_CONCERNS, PlanConfig
+
+    plan = sub.add_parser(
+        "plan",
+        help="choose mode, groups, servers and batches for a cluster",
+        description="Choose the mode, groups, number and placement of servers, "
+        "per-rank batches and nodes of a job on a cluster file (or this "
+        "machine's emulation, -n N), for the most samples/s or the lowest cost "
+        "per hour that reaches a rate; SimGrid confirms the choice.",
+    )
+    add_arguments(plan, PlanConfig, PLAN_CONCERNS)
+    workers = next(a for a in plan._actions if a.dest == "workers")
+    workers.option_strings.insert(0, "-n")  # the emulation's workers, short
+    plan._option_string_actions["-n"] = workers
     return parser
 
 
@@ -421,6 +461,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         envvars.check_all()
         logs.configure(rank, cfg.log_level)
+        if cfg.plan:
+            _check_plan_size(cfg.plan)
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
         if rank == 0:
             _log.error("hybridagg train: error: %s", exc)
@@ -480,6 +522,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plan_size(path: str) -> None:
+    """A job launched with ``--plan`` must have the plan's ranks.
+
+    Raises:
+        ValueError: It has another number, naming both.
+    """
+    from .runtime.launchenv import launch_env
+    from .sim.planfile import load_plan
+
+    size = launch_env().size or 1
+    ranks = load_plan(path).ranks
+    if size != ranks:
+        raise ValueError(
+            f"--plan {path} is for {ranks} ranks (mpiexec -n {ranks}), but this "
+            f"job has {size}"
+        )
+
+
 _ANY_RANK = {"any_rank": True}
 """A record only the rank logging it knows of: shown whatever its rank."""
 
@@ -515,10 +575,262 @@ def _end_if_peer_failed(exc: BaseException) -> None:
 _COMMANDS["train"] = _cmd_train
 
 
+def _train_samples(path: str) -> int:
+    """The training split's size of a data file (for ``--epochs``)."""
+    from .data.format import inspect_split, open_file
+
+    with open_file(path) as f:
+        return inspect_split(f, "train", path=path).length
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``hybridagg simulate``: exit 2 with one message on bad input."""
+    import json
+
+    from .runtime.outcomes import ExitCode
+    from .sim import build_job, load_cluster, load_profile, machine_cluster, simulate
+    from .sim._simgrid import SimGridMissing
+    from .train.config.simulation import SimulateConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, SimulateConfig)
+        profile = load_profile(cfg.profile)
+        servers = cfg.num_servers
+        if cfg.cluster is None:
+            cluster = machine_cluster(profile, cfg.ranks - servers, servers)
+        else:
+            cluster = load_cluster(cfg.cluster)
+            if cfg.ranks is not None:
+                cluster = cluster.scaled(cfg.ranks - servers)
+        samples = cfg.samples
+        if samples is None and cfg.data is not None:
+            samples = _train_samples(cfg.data)
+        job = build_job(cfg, cluster, profile, samples=samples)
+        prediction = simulate(job, timeout=cfg.sim_timeout)
+    except SimGridMissing as exc:
+        print(f"hybridagg simulate: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg simulate: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    except (TimeoutError, RuntimeError) as exc:  # the engine's own failure
+        print(f"hybridagg simulate: {exc}", file=sys.stderr)
+        return int(ExitCode.INTERNAL)
+    result = {
+        "mode": cfg.mode,
+        "cluster": cluster.name,
+        "workers": len(job.workers),
+        "servers": len(job.servers),
+        "groups": job.groups if len(job.groups) <= 64 else len(job.groups),
+        **prediction.as_dict(),
+    }
+    rows = [
+        (
+            "cluster",
+            f"{cluster.name} ({len(job.workers)} workers, {len(job.servers)} servers)",
+        ),
+        ("mode", f"{cfg.mode}, {len(job.groups)} group(s)"),
+        ("samples/s", f"{prediction.samples_per_sec:.1f}"),
+        ("ideal samples/s", f"{prediction.ideal_samples_per_sec:.1f}"),
+        (
+            "time for the run",
+            f"{prediction.time_s:.3f} s ({prediction.updates} updates)",
+        ),
+        ("mean staleness", f"{prediction.mean_staleness:.2f}"),
+    ]
+    shown = [t for t in prediction.group_update_s[:8] if t is not None]
+    more = " ..." if len(prediction.group_update_s) > 8 else ""
+    rows.append(("s per update/group", " ".join(f"{t:.4f}" for t in shown) + more))
+    rows.append(("simulation took", f"{prediction.wall_s:.2f} s"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+_COMMANDS["simulate"] = _cmd_simulate
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """Run ``hybridagg profile`` (on one rank, or every rank of an MPI job)."""
+    from .runtime.outcomes import ExitCode
+    from .train.config.simulation import ProfileConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, ProfileConfig)
+        if cfg.data is not None:
+            from .data.format import inspect_split, open_file
+
+            with open_file(cfg.data) as f:
+                info = inspect_split(f, "train", path=cfg.data)
+            shape, classes = tuple(info.sample_shape), int(info.num_classes)
+        else:
+            shape, classes = cfg.parsed_shape(), int(cfg.classes)
+        import torch
+
+        from .train.models import build_model
+
+        torch.manual_seed(0)
+        model = build_model(cfg.model, shape, classes)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg profile: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    from .comm import Comm, configure_threads
+    from .runtime.launchenv import launch_env
+    from .sim.profile import save_profile
+    from .train.profiler import profile_model
+
+    configure_threads()  # a rank's threads in a run (one unless set)
+    comm = None
+    if (launch_env().size or 1) > 1:  # under mpiexec: the all-reduce too
+        comm = Comm(name="profile")
+    try:
+        result = profile_model(
+            model, cfg.model, shape, cfg.batch_size, cfg, reps=cfg.reps, comm=comm
+        )
+    finally:
+        if comm is not None:
+            comm.free()
+    if result is not None:
+        save_profile(result, cfg.out)
+        ar = result.allreduce
+        print(
+            f"wrote {cfg.out}: {result.parameters} parameters, "
+            f"{result.sample_seconds * 1e3:.3f} ms per sample (forward and "
+            f"backward), server {result.server.seconds_per_update * 1e3:.3f} ms "
+            f"+ {result.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
+            f"{result.machine.memcpy_Bps / 1e9:.2f} GB/s"
+            + (
+                f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
+                f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
+                if ar
+                else ""
+            )
+        )
+    return 0
+
+
+_COMMANDS["profile"] = _cmd_profile
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """Run ``hybridagg plan``: exit 2 with one message on bad input, or when no
+    configuration reaches the required samples/s."""
+    import json
+
+    from .runtime.outcomes import ExitCode
+    from .sim import load_profile
+    from .sim.planner import plan
+    from .train.config.simulation import PlanConfig
+    from .train.flags import config_from_args
+
+    try:
+        cfg = config_from_args(args, PlanConfig)
+        if cfg.profile is not None:
+            profile = load_profile(cfg.profile)
+        else:
+            profile = _profile_here(cfg)
+        chosen, result, note = plan(cfg, profile)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"hybridagg plan: error: {exc}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    p = chosen
+    rows = [
+        ("cluster", f"{p.cluster} (nodes used: {p.nodes})"),
+        ("objective", p.objective
+         + (f" (at least {p.min_samples_per_sec:g} samples/s)" if p.min_samples_per_sec else "")),
+        ("searcher", f"{p.searcher}, {result.evaluated} configurations scored"
+         + (f", {result.pruned} node sets pruned" if result.pruned else "")),
+        ("mode", f"{p.mode}, {len(p.groups)} group(s), {p.servers} server(s)"),
+        ("ranks", f"{p.ranks} ({p.workers} workers + {p.servers} servers)"),
+        ("batches", ("speed-proportional" if p.adaptive_batch else "equal")
+         + (f" {p.batch_sizes}" if p.workers <= 16 else "")),
+        ("predicted samples/s", f"{p.predicted_samples_per_sec:.1f}"),
+        ("ideal samples/s", f"{p.ideal_samples_per_sec:.1f}"),
+        ("sync on every node", "-" if p.sync_samples_per_sec is None
+         else f"{p.sync_samples_per_sec:.1f} samples/s"),
+        ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
+        ("cost per hour", f"{p.cost_per_hour:g}"),
+        ("train flags", _shorten(" ".join(p.train_args()))),
+    ]  # fmt: skip
+    if p.workers <= 64:
+        rows.insert(4, ("groups", json.dumps(p.groups)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    for path in (cfg.json, cfg.out):
+        if path:
+            p.save(path)
+    return 0
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    """``text`` cut to ``limit`` characters (the plan file keeps it whole)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + " ... (whole in the plan file: train_args)"
+
+
+def _profile_here(cfg):
+    """``hybridagg plan --model NAME``: profile the model on this process."""
+    import torch
+
+    from .train.config.simulation import ProfileConfig
+    from .train.models import build_model
+    from .train.profiler import profile_model
+
+    pcfg = ProfileConfig(
+        out="-", model=cfg.model, data=cfg.data, sample_shape=cfg.sample_shape,
+        classes=cfg.classes, batch_size=cfg.batch_size, reps=3,
+    )  # fmt: skip
+    if pcfg.data is not None:
+        from .data.format import inspect_split, open_file
+
+        with open_file(pcfg.data) as f:
+            info = inspect_split(f, "train", path=pcfg.data)
+        shape, classes = tuple(info.sample_shape), int(info.num_classes)
+    else:
+        shape, classes = pcfg.parsed_shape(), int(pcfg.classes)
+    torch.manual_seed(0)
+    model = build_model(pcfg.model, shape, classes)
+    return profile_model(model, pcfg.model, shape, pcfg.batch_size, pcfg, reps=3)
+
+
+_COMMANDS["plan"] = _cmd_plan
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridagg`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "plan", None) and args.cmd in ("train", "simulate"):
+        args.given_flags = _given_flags(parser, argv, args.cmd)
     return _COMMANDS[args.cmd](args)
+
+
+def _given_flags(
+    parser: argparse.ArgumentParser, argv: list[str] | None, cmd: str
+) -> set[str]:
+    """The fields of ``cmd`` given on the command line (``--plan`` must know
+    which flags the user set, whatever their value): ``argv`` parsed again
+    with every default of ``cmd``'s parser suppressed."""
+    sub = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices[cmd]
+    saved = [(a, a.default) for a in sub._actions]
+    for action, _ in saved:
+        action.default = argparse.SUPPRESS
+    try:
+        given = vars(parser.parse_args(argv))
+    finally:
+        for action, default in saved:
+            action.default = default
+    return set(given) - {"cmd"}
 
 
 if __name__ == "__main__":

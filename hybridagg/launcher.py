@@ -138,6 +138,9 @@ class Options:
         mode: ``--mode``: ``HYBRIDAGG_MODE`` for a Horovod-style script.
         groups: ``--groups``: ``HYBRIDAGG_GROUPS`` for it.
         servers: ``--servers``: ``HYBRIDAGG_SERVERS`` for it.
+        (``--plan FILE`` fills ``nranks``, and ``mode``, ``groups`` and
+        ``servers`` for a script, or adds ``--plan FILE`` to ``hybridagg
+        train``'s command.)
     """
 
     command: tuple[str, ...]
@@ -348,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="its parameter servers, the last K ranks  [HYBRIDAGG_SERVERS]",
     )
     parser.add_argument(
+        "--plan",
+        action=_Value,
+        metavar="FILE",
+        help="a plan from hybridagg plan: -n is its ranks; hybridagg train gets "
+        "--plan FILE, a Horovod-style script its mode, groups and servers",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the command, with the variables it sets, and exit",
@@ -421,6 +431,11 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
         raise LaunchError(f"--servers needs a count (0 or more), got '{ns.servers}'")
     if ns.groups is not None and not ns.groups.strip():
         raise LaunchError("--groups needs a groups spec")
+    mode, groups, servers = ns.mode, ns.groups, ns.servers
+    if ns.plan:
+        nranks, command, (mode, groups, servers) = _apply_plan(
+            ns.plan, nranks, command, (mode, groups, servers)
+        )
     return Options(
         command=tuple(command),
         nranks=int(nranks) if nranks is not None else None,
@@ -430,10 +445,53 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
         servers_from=ns.servers_from or None,
         dry_run=ns.dry_run,
         cluster=cluster,
-        mode=ns.mode,
-        groups=ns.groups,
-        servers=int(ns.servers) if ns.servers is not None else None,
+        mode=mode,
+        groups=groups,
+        servers=int(servers) if servers is not None else None,
     )
+
+
+def _apply_plan(
+    path: str,
+    nranks: str | None,
+    command: list[str],
+    script: tuple[str | None, str | None, str | None],
+) -> tuple[str, list[str], tuple[str | None, str | None, str | None]]:
+    """``--plan FILE``: the job's rank count, and the plan for the program:
+    ``--plan FILE`` appended to a ``hybridagg train`` that has none, or the
+    mode, groups and servers of a Horovod-style script (its batch size stays
+    its own). A value given too must agree with the plan.
+
+    Raises:
+        LaunchError: A bad plan file, or ``-n``, ``--mode``, ``--groups`` or
+            ``--servers`` that disagree with it.
+    """
+    from .sim.planfile import groups_spec, load_plan
+
+    try:
+        plan = load_plan(path)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if nranks is not None and int(nranks) != plan.ranks:
+        raise LaunchError(
+            f"-n {nranks}: the plan {path} is for {plan.ranks} ranks; drop -n"
+        )
+    at = _train_at(command)
+    if at is not None:
+        if not any(w == "--plan" or w.startswith("--plan=") for w in command[at:]):
+            command = [*command, "--plan", path]
+        return str(plan.ranks), command, script
+    groups = {"hybrid": groups_spec(plan.groups), "async": "each"}.get(plan.mode)
+    wanted = (plan.mode, groups, str(plan.servers))
+    for flag, mine, theirs in zip(
+        ("--mode", "--groups", "--servers"), script, wanted, strict=True
+    ):
+        if mine is not None and mine != theirs:
+            raise LaunchError(
+                f"{flag} {mine}: the plan {path} says {theirs or 'none'}; drop "
+                f"{flag} or the plan"
+            )
+    return str(plan.ranks), command, wanted
 
 
 # ---------------------------------------------------------------- decisions

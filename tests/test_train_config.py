@@ -60,6 +60,7 @@ FLAGS = [
     "--optimizer",
     "--overlap",
     "--overwrite-checkpoints",
+    "--plan",
     "--resume",
     "--sample-ms",
     "--save-model",

@@ -248,6 +248,13 @@ _DECLARED = [
         kind="bool",
     ),
     EnvVar(
+        "HYBRIDAGG_SIMGRID",
+        None,
+        "Path of SimGrid's Python extension (simgrid.cpython-*.so) that "
+        "hybridagg simulate loads. Default: the one Debian's python3-simgrid "
+        "installs under /usr/lib/python3/dist-packages (make simgrid).",
+    ),
+    EnvVar(
         "HYBRIDAGG_MPIEXEC",
         None,
         "Path of the mpiexec to use for child jobs (tests, benchmarks, "

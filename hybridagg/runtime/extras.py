@@ -24,6 +24,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {
     "matplotlib": ("plots", "matplotlib"),
     "PIL": ("images", "pillow"),
     "tensorboard": ("tensorboard", "tensorboard"),
+    "yaml": ("sim", "pyyaml"),
 }
 
 

@@ -36,19 +36,23 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
+from .config.simulation import PLAN_CONCERNS, PROFILE_CONCERNS, SIMULATE_CONCERNS
 
 __all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
 
 
 @functools.cache
-def field_docs() -> dict[str, str]:
-    """Each configuration field's docstring (the string literal after the field)."""
-    modules = dict.fromkeys(sys.modules[c.__module__] for c in CONCERNS)
+def _class_docs() -> dict[str, dict[str, str]]:
+    """Each concern's fields' docstrings (the string literal after the field),
+    by class name: two commands' concerns may document a name differently."""
+    concerns = (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS, *PLAN_CONCERNS)
+    modules = dict.fromkeys(sys.modules[c.__module__] for c in concerns)
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
-    docs: dict[str, str] = {}
+    docs: dict[str, dict[str, str]] = {}
     for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
+        own = docs.setdefault(node.name, {})
         for stmt, after in zip(node.body, node.body[1:], strict=False):
             if (
                 isinstance(stmt, ast.AnnAssign)
@@ -57,15 +61,25 @@ def field_docs() -> dict[str, str]:
                 and isinstance(after.value, ast.Constant)
                 and isinstance(after.value.value, str)
             ):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+                own[stmt.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
-def _help(f: Field, *, switch: bool) -> str | None:
-    """The help of ``f``'s flag; ``switch``: a boolean switch (no default shown)."""
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """Each ``hybridagg train`` field's docstring (the string literal after the field)."""
+    docs: dict[str, str] = {}
+    for concern in CONCERNS:
+        docs.update(_class_docs().get(concern.__name__, {}))
+    return docs
+
+
+def _help(f: Field, owner: type, *, switch: bool) -> str | None:
+    """The help of ``f``'s flag, documented in ``owner``; ``switch``: a boolean
+    switch (no default shown)."""
     text = f.metadata.get("help")
     if text is None:
-        doc = field_docs().get(f.name)
+        doc = _class_docs().get(owner.__name__, {}).get(f.name)
         if doc is None:
             return None
         text = " ".join(doc.split("\n\n")[0].split())
@@ -84,17 +98,17 @@ def _value_type(hint: Any) -> type | None:
     return None if hint is str else hint
 
 
-def _add(group: argparse._ArgumentGroup, f: Field, hint: Any) -> None:
+def _add(group: argparse._ArgumentGroup, f: Field, hint: Any, owner: type) -> None:
     if hint is bool:  # a switch that turns the default around
         name = "--no-" + flag(f.name)[2:] if f.default else flag(f.name)
         group.add_argument(
             name,
             dest=f.name,
             action="store_false" if f.default else "store_true",
-            help=_help(f, switch=True),
+            help=_help(f, owner, switch=True),
         )
         return
-    kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, switch=False)}
+    kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, owner, switch=False)}
     if f.default is MISSING:
         kwargs["required"] = True
     else:
@@ -107,30 +121,67 @@ def _add(group: argparse._ArgumentGroup, f: Field, hint: Any) -> None:
     group.add_argument(flag(f.name), **kwargs)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the options of ``hybridagg train`` to ``p``, one per configuration field."""
-    hints = typing.get_type_hints(TrainConfig)
+def add_arguments(
+    p: argparse.ArgumentParser,
+    config: type = TrainConfig,
+    concerns: tuple[type, ...] = CONCERNS,
+) -> None:
+    """Add the options of ``hybridagg train`` to ``p``, one per configuration field.
+
+    Args:
+        p: The parser.
+        config: The configuration class (``SimulateConfig`` for ``hybridagg
+            simulate``); a field it redefines (its default) wins over the
+            concern's.
+        concerns: Its concerns, in the order of ``--help``.
+    """
+    hints = typing.get_type_hints(config)
+    final = {f.name: f for f in fields(config)}
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for concern in CONCERNS:
+    for concern in concerns:
         title = concern.help_group
         if title not in groups:
             groups[title] = p.add_argument_group(title)
         for f in fields(concern):
-            _add(groups[title], f, hints[f.name])
+            if f.name in final and final[f.name] is not f:
+                # redefined by the configuration class: added once, by its concern
+                owner = next(c for c in concerns if f.name in c.__dataclass_fields__)
+                if owner is not concern:
+                    continue
+            _add(groups[title], final[f.name], hints[f.name], concern)
 
 
-def option_strings() -> list[str]:
-    """Every flag of ``hybridagg train``, sorted (``-h`` and ``--help`` left out)."""
+def option_strings(
+    config: type = TrainConfig, concerns: tuple[type, ...] = CONCERNS
+) -> list[str]:
+    """Every flag of ``hybridagg train`` (or of ``config``), sorted (``-h``, ``--help`` left out)."""
     p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p)
+    add_arguments(p, config, concerns)
     return sorted(s for a in p._actions for s in a.option_strings)
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Build and validate a :class:`TrainConfig` from parsed arguments.
+def config_from_args(args: argparse.Namespace, config: type = TrainConfig) -> Any:
+    """Build and validate a :class:`TrainConfig` (or ``config``) from parsed arguments.
+
+    With ``--plan FILE`` the plan's settings are applied first
+    (:func:`~.config.planned.apply_plan`); the flags given on the command
+    line are ``args.given_flags`` (set by ``hybridagg.cli.main``; without it
+    a field counts as given when it differs from its default).
 
     Raises:
-        ValueError: A bad value, naming its flag.
+        ValueError: A bad value, naming its flag, or one that conflicts with
+            the plan.
     """
-    names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    names = {f.name for f in fields(config)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    if values.get("plan"):
+        from .config.planned import apply_plan
+
+        given = getattr(args, "given_flags", None)
+        if given is None:
+            defaults = {
+                f.name: f.default for f in fields(config) if f.default is not MISSING
+            }
+            given = {k for k, v in values.items() if defaults.get(k, MISSING) != v}
+        values = apply_plan(values, given)
+    return config(**values)

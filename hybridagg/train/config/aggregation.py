@@ -48,6 +48,11 @@ class TopologyOptions(Concern):
     """parameter servers: the last K ranks (default 0 in sync, 1 in hybrid and
     async)"""
 
+    plan: str | None = None
+    """plan file from 'hybridagg plan': sets --mode, --groups, --servers,
+    --batch-size and --adaptive-batch (one of them given with another value
+    is an error); the job must have the plan's ranks"""
+
     def _check(self) -> None:
         check_mode(
             self.mode,

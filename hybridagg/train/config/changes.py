@@ -71,6 +71,7 @@ HARMLESS = frozenset(
         "save_model",
         "tensorboard",
         "log_level",
+        "plan",  # what it sets is compared field by field
     }
 )
 """Fields whose change does not change what the run learns (not reported)."""

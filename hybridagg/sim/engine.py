@@ -1,0 +1,445 @@
+"""The simulation itself, on SimGrid's s4u API: a platform, actors, flows.
+
+Run in a process of its own (``python -m hybridagg.sim.engine JOB.json
+RESULT.json``; :func:`hybridagg.sim.simulate.simulate` does it): SimGrid
+allows one engine per process.
+
+**Platform.** One Dijkstra zone: a core router; per node a router joined to
+it by the node's link (``inter``, split-duplex: each direction has the full
+bandwidth); per device a host joined to its node's router by the node's
+``intra`` link. A node of shared cores is one host with that many cores,
+joined to the core router directly; transfers between its ranks are memory
+copies executed on its cores (they contend with compute and with server
+updates). Each link carries half its latency, so a message inside a node
+pays the ``intra`` latency and one between nodes pays ``intra + inter``.
+Network model ``CM02`` without cross-traffic: a lone transfer of ``B`` bytes
+over a route takes exactly ``latency + B / bandwidth``, and concurrent
+transfers share links max-min fairly.
+
+**Actors.** One actor per worker, on its host: its compute (an execution
+on its host's cores, or a sleep for ``--sample-ms``, whose emulation
+sleeps), its hop of the group's all-reduce, and its hop of the broadcast of
+new weights; a group's members meet at a SimGrid barrier where a step's
+data must all have arrived. The leader also pushes the group's gradient to
+the servers and waits for their replies (hybrid, async; with ``--overlap``
+the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
+costs ``server_update_s + master bytes x server_byte_s`` of its host's time
+(the float32 master weights of its shard, whatever the wire).
+A bucket's hop of the all-reduce starts when backward has filled the
+bucket (the profile's bucket schedule), so the all-reduce overlaps the
+rest of backward as in a run. A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
+``bytes/n`` over the same links in turn, so one flow per link carries all
+of them (``2(n-1)/n x bytes``) and the phases' remaining ``2n-3``
+latencies are slept; this reproduces ``2(n-1)(latency + bytes/(n
+bandwidth))`` exactly and costs one simulated transfer per rank, not
+``2(n-1)`` (a Python actor costs about 150 us per simulated message).
+The broadcast is a pipelined chain: one flow of the full weights per link.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ps.staleness import GroupBook, HeldReply
+from ._simgrid import load
+from .job import SimJob
+
+__all__ = ["main", "run"]
+
+SIMGRID_CONFIG = (
+    "--cfg=network/model:CM02",
+    "--cfg=network/crosstraffic:0",
+    "--log=root.thresh:critical",
+)
+
+
+@dataclass
+class _State:
+    """What the actors share (one process, one Python heap)."""
+
+    stopped: bool = False
+    stop_time: float | None = None
+    stop_updates: int = 0
+    stop_samples: int = 0
+    version: int = 0
+    samples: int = 0
+    staleness: list[int] = field(default_factory=list)
+    group_times: dict[int, list[float]] = field(default_factory=dict)
+
+
+class _Sim:
+    def __init__(self, job: SimJob) -> None:
+        self.job = job
+        self.sg = sg = load()
+        self.engine = sg.Engine(["hybridagg-simulate", *SIMGRID_CONFIG])
+        self.state = _State()
+        self._latency: dict[tuple[int, int], float] = {}
+        self._build_platform()
+
+    # ------------------------------------------------------------- platform
+    def _link(self, zone, name: str, spec: dict[str, float]):
+        link = zone.create_split_duplex_link(name, float(spec["bandwidth"]))
+        link.set_latency(float(spec["latency"]) / 2)
+        return link.seal()
+
+    def _attach(self, zone, a, b, link) -> None:
+        up = self.sg.LinkInRoute(link, self.sg.LinkInRoute.Direction.UP)
+        zone.add_route(a, b, None, None, [up], True)
+
+    def _build_platform(self) -> None:
+        sg, job = self.sg, self.job
+        zone = sg.NetZone.create_dijkstra_zone("cluster")
+        core = zone.create_router("core")
+        self.worker_host: list[Any] = []
+        self.server_host: list[Any] = []
+        node_hosts: list[list[Any]] = []
+        node_router: list[Any] = []
+        for n, node in enumerate(job.nodes):
+            if node["shared"]:
+                host = zone.create_host(f"{node['name']}", float(node["speed"]))
+                host.core_count = int(node["cores"])
+                host.seal()
+                self._attach(
+                    zone, host.netpoint, core, self._link(zone, f"nic{n}", job.inter)
+                )
+                node_hosts.append([host])
+                node_router.append(None)
+            else:
+                router = zone.create_router(f"r{n}")
+                self._attach(zone, router, core, self._link(zone, f"nic{n}", job.inter))
+                node_hosts.append([])
+                node_router.append(router)
+        for r, w in enumerate(job.workers):
+            node = job.nodes[w["node"]]
+            if node["shared"]:
+                self.worker_host.append(node_hosts[w["node"]][0])
+                continue
+            host = zone.create_host(
+                f"{node['name']}d{w['device']}", float(node["speed"])
+            )
+            host.seal()
+            self._attach(
+                zone,
+                host.netpoint,
+                node_router[w["node"]],
+                self._link(zone, f"l{r}", node["intra"]),
+            )
+            self.worker_host.append(host)
+        for s, srv in enumerate(job.servers):
+            node = job.nodes[srv["node"]]
+            if node["shared"]:
+                self.server_host.append(node_hosts[srv["node"]][0])
+                continue
+            host = zone.create_host(f"server{s}", float(srv["speed"]))
+            host.seal()
+            self._attach(
+                zone,
+                host.netpoint,
+                node_router[srv["node"]],
+                self._link(zone, f"sl{s}", node["intra"]),
+            )
+            self.server_host.append(host)
+        zone.seal()
+        self.host_node = {}
+        for r, w in enumerate(job.workers):
+            self.host_node[self.worker_host[r].name] = w["node"]
+        for s, srv in enumerate(job.servers):
+            self.host_node[self.server_host[s].name] = srv["node"]
+
+    # ------------------------------------------------------------ transfers
+    def _shared_node(self, host) -> dict[str, Any] | None:
+        node = self.job.nodes[self.host_node[host.name]]
+        return node if node["shared"] else None
+
+    def latency(self, a, b) -> float:
+        """Seconds of latency of one message from host ``a`` to host ``b``."""
+        if a.name == b.name:
+            node = self._shared_node(a)
+            return float(node["intra"]["latency"]) if node else 0.0
+        key = (id(a), id(b))
+        if key not in self._latency:
+            self._latency[key] = a.route_to(b)[1]
+        return self._latency[key]
+
+    def start_transfer(self, a, b, nbytes: float):
+        """Start moving ``nbytes`` from host ``a`` to ``b``: a flow, or a memory
+        copy on their shared cores; returns the activity.
+
+        The calling actor must be on ``a`` (SimGrid 3.32's Python binding hangs
+        on an execution moved to another host, so copies run where their actor is).
+        """
+        sg = self.sg
+        if a.name == b.name:
+            node = self._shared_node(a)
+            seconds = nbytes / float(node["memcpy_Bps"]) if node else 0.0
+            return sg.this_actor.exec_async(seconds * a.speed)
+        return sg.Comm.sendto_async(a, b, round(nbytes))
+
+    def _ring_latency(self, ranks: list[int], closed: bool) -> float:
+        hosts = [self.worker_host[r] for r in ranks]
+        count = len(ranks) if closed else len(ranks) - 1
+        return max(
+            self.latency(hosts[i], hosts[(i + 1) % len(ranks)]) for i in range(count)
+        )
+
+    # --------------------------------------------------------------- actors
+    def _count(self, samples: int) -> None:
+        """An update happened; stop once the steps or samples are reached."""
+        st, job = self.state, self.job
+        st.version += 1
+        st.samples += samples
+        done = (job.steps is not None and st.version >= job.steps) or (
+            job.target_samples is not None and st.samples >= job.target_samples
+        )
+        if done and not st.stopped:
+            st.stopped, st.stop_time = True, self.engine.clock
+            st.stop_updates, st.stop_samples = st.version, st.samples
+
+    def worker(self, group: int, position: int) -> None:
+        """One worker: compute, its hop of the group's all-reduce, and (the
+        leader) the exchange with the servers, then its hop of the broadcast.
+
+        The members meet at the group's barrier where a step's data must all
+        have arrived: after the all-reduce's flows, after the leader's
+        exchange, after the broadcast's flows (sync: after the all-reduce
+        only). A member reads the stop decision only after a barrier that
+        follows the leader's writing it, and before the leader can write the
+        next one (behind the next step's barrier).
+        """
+        sg, job, st = self.sg, self.job, self.state
+        ranks = job.groups[group]
+        n = len(ranks)
+        rank = ranks[position]
+        host = self.worker_host[rank]
+        shared = self.groups_shared[group]
+        leader = position == 0
+        barrier = shared["barrier"]
+        nbytes = job.grad_bytes
+        ring_rest = (
+            (2 * (n - 1) - 1) * self._ring_latency(ranks, True) if n > 1 else 0.0
+        )
+        chain_rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
+        nxt = self.worker_host[ranks[(position + 1) % n]]
+        batch = job.workers[rank]["batch"]
+        group_samples = sum(job.workers[r]["batch"] for r in ranks)
+        per_link = 2 * (n - 1) / n * nbytes
+        steps_done = 0
+        while True:
+            if leader:  # the weights this step's gradient is computed on
+                shared["computed_on"] = shared["weights"]
+            # forward, then backward, each bucket's hop of the all-reduce
+            # starting when backward has filled it (it overlaps the rest)
+            factor = job.factor(rank, self.engine.clock)
+            if job.sleep_compute:
+                total = job.compute_seconds(rank, batch, self.engine.clock)
+            else:  # an amount: the host's speed (and sharing) sets the time
+                total = job.workers[rank]["seconds_per_sample"] * batch * factor
+            # (compute between two hops is one activity: each costs a simcall)
+            backward = total * (1 - job.forward_share)
+            owed, done, hops = total * job.forward_share, 0.0, []
+            for ready, share in job.buckets:
+                owed += backward * (ready - done)
+                done = ready
+                if n > 1:
+                    self._spend(owed)
+                    owed = 0.0
+                    hops.append(self.start_transfer(host, nxt, per_link * share))
+            self._spend(owed + backward * (1 - done))
+            for hop in hops:
+                hop.wait()
+            if n > 1:
+                barrier.wait()
+                if ring_rest > 0:
+                    sg.this_actor.sleep_for(ring_rest)
+            if job.mode == "sync":
+                # one group: every member counts the updates itself (the same
+                # rule as _count), so no barrier is needed to stop together
+                steps_done += 1
+                if leader:
+                    self._count(group_samples)
+                    st.group_times.setdefault(group, []).append(self.engine.clock)
+                if (job.steps is not None and steps_done >= job.steps) or (
+                    job.target_samples is not None
+                    and steps_done * group_samples >= job.target_samples
+                ):
+                    return
+                continue
+            if leader:
+                shared["bcast"] = self._leader_step(group, ranks)
+                shared["stop"] = st.stopped  # read by all after the barrier
+            if n > 1:
+                barrier.wait()
+            stop = shared["stop"]
+            if shared["bcast"] and n > 1:
+                if position < n - 1:
+                    self.start_transfer(host, nxt, nbytes).wait()
+                barrier.wait()
+                if chain_rest > 0:
+                    sg.this_actor.sleep_for(chain_rest)
+            if leader:
+                st.group_times.setdefault(group, []).append(self.engine.clock)
+            if stop:
+                return
+
+    def _spend(self, amount: float) -> None:
+        """Compute for ``amount`` (slept with ``--sample-ms``, else executed
+        on this actor's host: seconds at speed 1)."""
+        if amount <= 0:
+            return
+        if self.job.sleep_compute:
+            self.sg.this_actor.sleep_for(amount)
+        else:
+            self.sg.this_actor.exec_async(amount).wait()
+
+    def _leader_step(self, group: int, ranks: list[int]) -> bool:
+        """The leader's part of a step after the all-reduce; whether the group
+        broadcasts new weights now."""
+        sg, job = self.sg, self.job
+        shared = self.groups_shared[group]
+        samples = sum(job.workers[r]["batch"] for r in ranks)
+        host = self.worker_host[ranks[0]]
+        me = shared["mailbox"]
+        shard = job.grad_bytes / len(job.servers)
+        bcast = False
+        if shared["pending"]:  # --overlap: the previous push's replies
+            shared["weights"] = max(me.get() for _ in job.servers)
+            shared["pending"] = False
+            bcast = True
+        for s, server in enumerate(self.server_host):
+            size = shard
+            if server.name == host.name:  # a memory copy, then a notice
+                self.start_transfer(host, server, shard).wait()
+                size = 0
+            box = sg.Mailbox.by_name(f"server{s}")
+            box.put_init((group, shared["computed_on"], samples), round(size)).detach()
+        shared["pending"] = True
+        if not job.overlap:
+            shared["weights"] = max(me.get() for _ in job.servers)
+            shared["pending"] = False
+            bcast = True
+        return bcast
+
+    def server(self, index: int) -> None:
+        """Serve pushes in arrival order; server 0 counts the versions and
+        holds the reply to a group too far ahead (``--staleness-bound``: the
+        run's own rule, :class:`hybridagg.ps.staleness.GroupBook`)."""
+        sg, job, st = self.sg, self.job, self.state
+        sg.Actor.self().daemonize()  # the run ends when the workers do
+        me = sg.Mailbox.by_name(f"server{index}")
+        me.set_receiver(sg.Actor.self())  # pushes move while the server works
+        host = self.server_host[index]
+        shard = job.grad_bytes / len(job.servers)
+        speed = float(job.servers[index]["speed"])
+        book = GroupBook(len(job.groups), job.staleness_bound if index == 0 else None)
+        version = 0
+        held_version: dict[int, int] = {}  # the version a held reply carries
+        while True:
+            group, pulled, samples = me.get()
+            master = job.master_bytes / len(job.servers)
+            seconds = job.server_update_s + master * job.server_byte_s
+            sg.this_actor.exec_async(seconds * host.speed / speed).wait()
+            if index == 0:
+                st.staleness.append(version - pulled)
+                self._count(samples)
+            version += 1
+            book.record(group, version - 1 - pulled)
+            if book.too_far_ahead(group) and not st.stopped:
+                book.hold(HeldReply(group, version - 1 - pulled, 1.0))
+                held_version[group] = version
+            else:
+                self._reply(host, group, version, shard)
+            for held in book.release(everyone=st.stopped):
+                self._reply(host, held.group, held_version.pop(held.group), shard)
+
+    def _reply(self, host, group: int, version: int, shard: float) -> None:
+        """Send the new weights of this shard to ``group``'s leader."""
+        leader_host = self.worker_host[self.job.groups[group][0]]
+        size = shard
+        if leader_host.name == host.name:  # a memory copy, then a notice
+            self.start_transfer(host, leader_host, shard).wait()
+            size = 0
+        box = self.groups_shared[group]["mailbox"]
+        box.put_init(version, round(size)).detach()
+
+    def _start_leader(self, group: int) -> None:
+        """The leader's mailbox takes replies at once (they move while it computes)."""
+        self.groups_shared[group]["mailbox"].set_receiver(self.sg.Actor.self())
+        self.worker(group, 0)
+
+    def run(self) -> dict[str, Any]:
+        sg, job = self.sg, self.job
+        self.groups_shared = [
+            {
+                "barrier": sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
+                "mailbox": sg.Mailbox.by_name(f"leader{g}"),
+                "bcast": False,
+                "stop": False,
+                "pending": False,
+                "weights": 0,
+                "computed_on": 0,
+            }
+            for g, ranks in enumerate(job.groups)
+        ]
+        for s in range(len(job.servers)):
+            sg.Actor.create(f"server{s}", self.server_host[s], self.server, s)
+        for g, ranks in enumerate(job.groups):
+            sg.Actor.create(
+                f"leader{g}", self.worker_host[ranks[0]], self._start_leader, g
+            )
+            for i, r in enumerate(ranks[1:], start=1):
+                sg.Actor.create(f"worker{r}", self.worker_host[r], self.worker, g, i)
+        start = time.perf_counter()
+        self.engine.run()
+        wall = time.perf_counter() - start
+        st = self.state
+        end = st.stop_time if st.stop_time is not None else self.engine.clock
+        updates = st.stop_updates if st.stop_time is not None else st.version
+        samples = st.stop_samples if st.stop_time is not None else st.samples
+        per_group = []
+        for g in range(len(job.groups)):
+            times = [
+                t for t in st.group_times.get(g, []) if t <= end
+            ] or st.group_times.get(g, [])
+            per_group.append(times[-1] / len(times) if times else None)
+        return {
+            "time_s": end,
+            "updates": updates,
+            "samples": samples,
+            "samples_per_sec": samples / end if end > 0 else 0.0,
+            "ideal_samples_per_sec": job.ideal_samples_per_sec(end),
+            "group_update_s": per_group,
+            "mean_staleness": (sum(st.staleness) / len(st.staleness))
+            if st.staleness
+            else 0.0,
+            "wall_s": wall,
+        }
+
+
+def run(job: SimJob) -> dict[str, Any]:
+    """Simulate ``job`` in this process (once per process: SimGrid's rule)."""
+    return _Sim(job).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridagg.sim.engine JOB.json RESULT.json``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(
+            "usage: python -m hybridagg.sim.engine JOB.json RESULT.json",
+            file=sys.stderr,
+        )
+        return 2
+    with open(args[0]) as f:
+        job = SimJob.from_dict(json.load(f))
+    result = run(job)
+    with open(args[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

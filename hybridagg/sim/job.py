@@ -1,0 +1,384 @@
+"""What one simulation runs: ranks on hosts, groups, servers, batches (pure logic).
+
+:func:`build_job` resolves ``hybridagg train``'s options against a cluster
+and a profile into a :class:`SimJob` of plain numbers, which the engine
+(:mod:`hybridagg.sim.engine`, in a process of its own: SimGrid allows one
+engine per process) turns into a platform and actors. Groups follow
+:func:`hybridagg.topology.plan`, each rank described by its node (``node``),
+its node type (``device``), its compute speed (``speed``) and its node type's
+index (``slurm``), so every grouping policy means here what it means in a run.
+
+Adaptive batches are simulated at the controller's steady state: batches in
+proportion to speed (:func:`hybridagg.batching.proportional_batches`) over
+the pool the controller balances (every worker in sync and async, each
+group's members in hybrid, and with ``adaptive_groups`` each group's total
+in proportion to its summed speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from ..batching import proportional_batches
+from ..modes import check_mode
+from ..slowdown import parse_slowdown
+from ..topology import RankInfo, plan
+from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement
+from .profile import Profile, load_profile
+
+__all__ = [
+    "JobOptions",
+    "SimJob",
+    "build_job",
+    "machine_cluster",
+    "ring_allreduce_seconds",
+]
+
+
+class JobOptions(Protocol):
+    """The options a simulation reads (``hybridagg train``'s fields of these names)."""
+
+    mode: str
+    groups: str | None
+    servers: int | None
+    batch_size: int
+    slowdown: str | None
+    sample_ms: float
+    adaptive_batch: bool
+    adaptive_groups: bool
+    min_batch: int
+    max_batch: int | None
+    overlap: bool
+    stream_push: bool
+    staleness_bound: int | None
+    wire: str
+    steps: int | None
+    epochs: int | None
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """A resolved simulation (plain values; crosses to the engine's process as JSON).
+
+    Attributes:
+        mode: sync, hybrid or async.
+        nodes: Per node: ``name``, ``type``, ``shared`` (one host of shared
+            cores), ``cores``, ``speed``, ``intra`` (bandwidth, latency) and
+            ``memcpy_Bps`` (shared nodes: a core's copy bandwidth).
+        inter: The link between a node and the core switch (bandwidth, latency).
+        workers: Per worker rank: ``node``, ``device`` (index on the node),
+            ``seconds_per_sample`` (at speed 1 of its host: the amount an
+            execution carries), ``batch``.
+        groups: Worker ranks per group, leader first.
+        servers: Per server: ``node`` and ``speed``.
+        phases: The slowdown schedule, ``[start, {rank: factor}]``.
+        sleep_compute: Compute is slept (``--sample-ms``: the pacer's
+            emulation), not executed on the host's cores.
+        sample_s: ``--sample-ms`` in seconds.
+        grad_bytes: Bytes of a gradient on the wire (also of the weights).
+        master_bytes: Bytes of the servers' float32 master weights (what an
+            update walks, whatever the wire).
+        server_update_s: A server's fixed seconds per update.
+        server_byte_s: A server's seconds per byte of its shard.
+        overlap: A leader's exchange overlaps its group's next step.
+        steps: Updates to simulate (sync: all-reduces; else server versions).
+        target_samples: Or samples to train (epochs x the data's samples).
+        staleness_bound: SSP: server 0 holds the reply to a group more than
+            this many of its updates ahead of the slowest.
+        forward_share: The forward pass's share of a step's compute (the
+            pacer's third with ``--sample-ms``, else the profile's).
+        buckets: ``[share of backward done, share of the bytes]`` per
+            gradient bucket in the order backward fills them: each bucket's
+            all-reduce starts then, overlapping the rest of backward.
+    """
+
+    mode: str
+    nodes: list[dict[str, Any]]
+    inter: dict[str, float]
+    workers: list[dict[str, Any]]
+    groups: list[list[int]]
+    servers: list[dict[str, Any]]
+    phases: list[list[Any]] = field(default_factory=list)
+    sleep_compute: bool = False
+    sample_s: float = 0.0
+    grad_bytes: float = 0.0
+    master_bytes: float = 0.0
+    server_update_s: float = 0.0
+    server_byte_s: float = 0.0
+    overlap: bool = False
+    steps: int | None = None
+    target_samples: int | None = None
+    staleness_bound: int | None = None
+    forward_share: float = 1.0 / 3.0
+    buckets: list[list[float]] = field(default_factory=lambda: [[1.0, 1.0]])
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SimJob:
+        """The job :meth:`as_dict` wrote."""
+        return cls(**data)
+
+    def factor(self, rank: int, elapsed: float) -> float:
+        """``rank``'s slowdown factor at simulated time ``elapsed``."""
+        current: dict = {}
+        for start, factors in self.phases:
+            if elapsed >= start:
+                current = factors
+            else:
+                break
+        return float(current.get(str(rank), current.get(rank, 1.0)))
+
+    def compute_seconds(self, rank: int, batch: int, elapsed: float = 0.0) -> float:
+        """Seconds of ``rank``'s compute for ``batch`` samples, uncontended."""
+        w = self.workers[rank]
+        factor = self.factor(rank, elapsed)
+        if self.sleep_compute:
+            return self.sample_s * batch * factor
+        speed = self.nodes[w["node"]]["speed"]
+        return w["seconds_per_sample"] * batch * factor / speed
+
+    def _rate(self, elapsed: float) -> float:
+        rates: dict[int, float] = {}
+        counts: dict[int, int] = {}
+        for r, w in enumerate(self.workers):
+            rates[w["node"]] = rates.get(w["node"], 0.0) + 1.0 / self.compute_seconds(
+                r, 1, elapsed
+            )
+            counts[w["node"]] = counts.get(w["node"], 0) + 1
+        total = 0.0
+        for n, rate in rates.items():
+            node = self.nodes[n]
+            if node["shared"] and not self.sleep_compute:
+                # ranks that execute share the node's cores
+                rate *= min(1.0, node["cores"] / counts[n])
+            total += rate
+        return total
+
+    def ideal_samples_per_sec(self, wall_s: float = 0.0) -> float:
+        """Every worker's compute-only rate, summed, time-averaged over ``wall_s``
+        seconds of the slowdown schedule (``hybridagg train``'s ideal); ranks
+        that execute on shared cores count the cores' share they can have."""
+        starts = sorted({0.0} | {float(s) for s, _ in self.phases if 0 < s < wall_s})
+        if wall_s <= 0:
+            return self._rate(0.0)
+        total = 0.0
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else wall_s
+            total += self._rate(start) * (end - start)
+        return total / wall_s
+
+
+def machine_cluster(profile: Profile, workers: int, servers: int) -> ClusterSpec:
+    """This machine as profiled: one node whose ranks share its cores, and
+    whose transfers are memory copies at one core's copy bandwidth."""
+    copies = LinkSpec(bandwidth=profile.machine.memcpy_Bps, latency=0.0)
+    node = NodeType(
+        name="this-machine", count=1, devices=workers, cores=profile.machine.cores
+    )
+    return ClusterSpec(
+        name="this machine (profiled)",
+        node_types=(node,),
+        intra_node=copies,
+        inter_node=copies,
+        servers=ServerPlacement(node_types=(node.name,), per_node=max(1, servers)),
+    )
+
+
+def _server_nodes(
+    cluster: ClusterSpec, node_index: list[tuple[int, NodeType]], count: int
+) -> list[int]:
+    """Nodes of the servers: allowed nodes from the last backwards, ``per_node`` each."""
+    allowed = [i for i, t in node_index if t.name in cluster.servers.node_types]
+    slots = [i for i in reversed(allowed) for _ in range(cluster.servers.per_node)]
+    if count > len(slots):
+        raise ValueError(
+            f"{count} servers do not fit the cluster's server placement "
+            f"({len(allowed)} nodes of {', '.join(cluster.servers.node_types)} x "
+            f"{cluster.servers.per_node} per node = {len(slots)})"
+        )
+    return sorted(slots[:count])
+
+
+def build_job(
+    options: JobOptions,
+    cluster: ClusterSpec,
+    profile: Profile,
+    *,
+    samples: int | None = None,
+) -> SimJob:
+    """Resolve the options against ``cluster`` and ``profile`` (see the module).
+
+    Args:
+        options: ``hybridagg train``'s options (a ``TrainConfig`` or alike).
+        cluster: Every device is a worker; servers are placed as it says.
+        profile: The model's profile (node types may carry their own).
+        samples: The data's training samples (needed with ``epochs``).
+
+    Raises:
+        ValueError: Options that do not fit the cluster, naming what.
+    """
+    num_servers = (
+        options.servers
+        if options.servers is not None
+        else (0 if options.mode == "sync" else 1)
+    )
+    check_mode(options.mode, servers=num_servers, cli=True)
+    if options.stream_push:
+        raise ValueError(
+            "hybridagg simulate does not model --stream-push yet (a push per "
+            "bucket); leave it out"
+        )
+    profiles: dict[str, Profile] = {}
+    nodes: list[dict[str, Any]] = []
+    node_index: list[tuple[int, NodeType]] = []
+    workers: list[dict[str, Any]] = []
+    infos: list[RankInfo] = []
+    for type_index, t in enumerate(cluster.node_types):
+        own = profile
+        if t.profile is not None:
+            own = profiles.setdefault(t.profile, load_profile(t.profile))
+        speed = 1.0 if t.profile is not None else t.speed
+        link = cluster.intra_link(t)
+        for k in range(t.count):
+            n = len(nodes)
+            node_index.append((n, t))
+            nodes.append(
+                {
+                    "name": f"{t.name}{k}",
+                    "type": t.name,
+                    "shared": t.shared_cores,
+                    "cores": t.cores or 1,
+                    "speed": speed,
+                    "server_speed": t.server_speed,
+                    "intra": {"bandwidth": link.bandwidth, "latency": link.latency},
+                    "memcpy_Bps": link.bandwidth,
+                }
+            )
+            for d in range(t.devices):
+                workers.append(
+                    {
+                        "node": n,
+                        "device": d,
+                        "seconds_per_sample": own.sample_seconds,
+                        "batch": options.batch_size,
+                    }
+                )
+                infos.append(
+                    RankInfo(
+                        host=f"{t.name}{k}", device=t.name, slurm_component=type_index
+                    )
+                )
+    num_workers = len(workers)
+    slowdown = parse_slowdown(options.slowdown)
+    slowdown.validate_workers(num_workers)
+    phases = [
+        [start, {str(r): f for r, f in factors.items()}]
+        for start, factors in slowdown.phases
+    ]
+    sleep_compute = options.sample_ms > 0
+    job_args: dict[str, Any] = {
+        "mode": options.mode,
+        "nodes": nodes,
+        "inter": {
+            "bandwidth": cluster.inter_node.bandwidth,
+            "latency": cluster.inter_node.latency,
+        },
+        "workers": workers,
+        "groups": [],
+        "servers": [],
+        "phases": phases,
+        "sleep_compute": sleep_compute,
+        "sample_s": options.sample_ms / 1000.0,
+        "grad_bytes": profile.gradient_bytes(options.wire),
+        "master_bytes": profile.gradient_bytes("fp32"),
+        "server_update_s": profile.server.seconds_per_update,
+        "server_byte_s": profile.server.seconds_per_byte,
+        "overlap": bool(options.overlap),
+        "staleness_bound": options.staleness_bound,
+        "forward_share": (
+            1.0 / 3.0
+            if options.sample_ms > 0
+            else profile.forward_s_per_sample / profile.sample_seconds
+        ),
+        "buckets": [list(b) for b in profile.buckets] or [[1.0, 1.0]],
+        "steps": options.steps,
+    }
+    probe = SimJob(**job_args)
+    speeds = [1.0 / probe.compute_seconds(r, 1) for r in range(num_workers)]
+    infos = [
+        RankInfo(
+            host=i.host, device=i.device, speed=s, slurm_component=i.slurm_component
+        )
+        for i, s in zip(infos, speeds, strict=True)
+    ]
+    # plan() describes every world rank; the servers' descriptors are never grouped
+    world = num_workers + num_servers
+    infos += [RankInfo(host=f"server{s}") for s in range(num_servers)]
+    spec = (
+        {"sync": "world", "hybrid": "node", "async": "each"}[options.mode]
+        if not options.groups
+        else options.groups
+    )
+    if options.mode == "sync":
+        spec = "world"
+    topo = plan(spec, infos, world, servers=num_servers)
+    if options.mode == "async" and any(len(g) > 1 for g in topo.groups):
+        raise ValueError(
+            "--mode async puts every worker in its own group; drop --groups"
+        )
+    groups = [list(g) for g in topo.groups]
+    job_args["groups"] = groups
+    job_args["servers"] = [
+        {"node": n, "speed": nodes[n]["server_speed"]}
+        for n in _server_nodes(cluster, node_index, num_servers)
+    ]
+    if options.adaptive_batch:
+        for rank, b in enumerate(_adaptive_batches(options, groups, speeds)):
+            workers[rank]["batch"] = b
+    if options.epochs is not None:
+        if samples is None:
+            raise ValueError(
+                "--epochs needs the data's size: give --data FILE.h5 or --samples N"
+            )
+        job_args["target_samples"] = int(options.epochs) * int(samples)
+    elif options.steps is None:
+        raise ValueError("give --steps N (or --epochs with --data or --samples)")
+    return SimJob(**job_args)
+
+
+def _adaptive_batches(
+    options: JobOptions, groups: list[list[int]], speeds: list[float]
+) -> list[int]:
+    """The adaptive controller's steady state: batches in proportion to speed."""
+    n = len(speeds)
+    batches = [options.batch_size] * n
+    low, high = options.min_batch, options.max_batch
+    if options.mode in ("sync", "async"):
+        return proportional_batches(speeds, options.batch_size * n, low=low, high=high)
+    totals = [options.batch_size * len(g) for g in groups]
+    if options.adaptive_groups:
+        rates = [sum(speeds[r] for r in g) for g in groups]
+        lows = [low * len(g) for g in groups]
+        highs = None if high is None else [high * len(g) for g in groups]
+        totals = proportional_batches(rates, sum(totals), low=lows, high=highs)
+    for g, total in zip(groups, totals, strict=True):
+        for r, b in zip(
+            g,
+            proportional_batches([speeds[r] for r in g], total, low=low, high=high),
+            strict=True,
+        ):
+            batches[r] = b
+    return batches
+
+
+def ring_allreduce_seconds(
+    ranks: int, nbytes: float, bandwidth: float, latency: float
+) -> float:
+    """The closed form of a ring all-reduce: ``2(n-1)(latency + bytes/(n bandwidth))``."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * (latency + nbytes / (ranks * bandwidth))

@@ -1,0 +1,355 @@
+"""The profile file: what a model needs on the machine that measured it (pure logic).
+
+``hybridagg profile`` writes it (JSON); ``hybridagg simulate`` reads it.
+Every figure is in seconds, bytes or bytes per second:
+
+* ``buckets``: when backward has filled each of the reducer's gradient
+  buckets, so the all-reduce can overlap backward as it does in a run;
+* ``compute``: forward and backward seconds per sample on the profiled
+  device, and each layer's share (its own floating-point operations, from
+  :func:`hybridagg.train.pacing.module_costs`, and its measured seconds);
+* ``memory``: parameter bytes and activation bytes per sample;
+* ``allreduce``: latency and bandwidth of an all-reduce inside a group
+  (``time = 2(n-1)(latency + bytes / (n x bandwidth))``, fitted on measured
+  sizes), ``None`` when measured with one rank;
+* ``server``: a server's seconds per update and per byte of its shard;
+* ``machine``: the profiled machine (cores, one core's memory-copy
+  bandwidth), which is also the default cluster of ``hybridagg simulate``.
+
+Calibrated parameters (fitted on microbenchmarks) belong in the same file,
+so that a prediction names every number it used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT",
+    "AllreduceFit",
+    "LayerCost",
+    "MachineInfo",
+    "Profile",
+    "ServerFit",
+    "load_profile",
+    "save_profile",
+]
+
+FORMAT = "hybridagg-profile"
+VERSION = 1
+
+
+def _check(where: str, name: str, value: Any, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(
+            f"{where}{name} must be {'>= 0' if zero else 'positive'}, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One module's own work on one sample."""
+
+    name: str
+    flops: float
+    forward_s: float
+    backward_s: float
+
+
+@dataclass(frozen=True)
+class AllreduceFit:
+    """An all-reduce's cost inside a group: ``2(n-1)(latency + bytes/(n bandwidth))``."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    ranks: int
+    points: tuple[tuple[float, float], ...] = ()
+    """the measured (bytes, seconds) it was fitted on"""
+
+    def seconds(self, nbytes: float, ranks: int) -> float:
+        """The fitted time of one all-reduce of ``nbytes`` over ``ranks``."""
+        if ranks <= 1:
+            return 0.0
+        return (
+            2 * (ranks - 1) * (self.latency_s + nbytes / (ranks * self.bandwidth_Bps))
+        )
+
+
+@dataclass(frozen=True)
+class ServerFit:
+    """A server's update cost: ``seconds_per_update + bytes x seconds_per_byte``."""
+
+    seconds_per_update: float
+    seconds_per_byte: float
+    points: tuple[tuple[float, float], ...] = ()
+
+    def seconds(self, nbytes: float) -> float:
+        """The time of one update of a shard of ``nbytes``."""
+        return self.seconds_per_update + nbytes * self.seconds_per_byte
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """The profiled machine."""
+
+    cores: int
+    memcpy_Bps: float
+    """one core's memory-copy bandwidth"""
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated profile (see the module)."""
+
+    model: str
+    parameters: int
+    sample_shape: tuple[int, ...]
+    forward_s_per_sample: float
+    backward_s_per_sample: float
+    parameter_bytes: float
+    activation_bytes_per_sample: float
+    server: ServerFit
+    machine: MachineInfo
+    allreduce: AllreduceFit | None = None
+    layers: tuple[LayerCost, ...] = ()
+    buckets: tuple[tuple[float, float], ...] = ()
+    """the gradient's buckets in the order backward fills them: (the share of
+    backward done when the bucket is full, its share of the gradient's
+    bytes); empty: the whole gradient is ready when backward ends"""
+    batch: int = 0
+    """the batch the compute was measured at"""
+    notes: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def sample_seconds(self) -> float:
+        """Forward and backward seconds per sample on the profiled device."""
+        return self.forward_s_per_sample + self.backward_s_per_sample
+
+    def gradient_bytes(self, wire: str = "fp32") -> float:
+        """Bytes of one gradient (or one copy of the weights) on ``wire``."""
+        return self.parameters * (4 if wire == "fp32" else 2)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (the file's content, ``format`` and ``version`` first)."""
+        return {"format": FORMAT, "version": VERSION, **asdict(self)}
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write ``profile`` as JSON (through a temporary file and a rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(profile.as_dict(), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _points(where: str, data: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(data, list):
+        raise ValueError(f"{where}points must be a list of [bytes, seconds]")
+    out = []
+    for i, p in enumerate(data):
+        if not (isinstance(p, list) and len(p) == 2):
+            raise ValueError(f"{where}points[{i}] must be [bytes, seconds], got {p!r}")
+        out.append(
+            (
+                _check(where, f"points[{i}][0]", p[0], zero=True),
+                _check(where, f"points[{i}][1]", p[1], zero=True),
+            )
+        )
+    return tuple(out)
+
+
+def _section(
+    data: dict, name: str, where: str, *, optional: bool = False
+) -> dict | None:
+    value = data.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}{name} is missing or not a mapping")
+    return value
+
+
+def _need(data: dict, key: str, where: str) -> Any:
+    if key not in data:
+        raise ValueError(f"{where}{key} is missing")
+    return data[key]
+
+
+def profile_from_dict(data: Any, source: str = "") -> Profile:
+    """A :class:`Profile` from the file's content.
+
+    Raises:
+        ValueError: A missing, unknown or bad field, naming it and the file.
+    """
+    where = f"profile {source}: " if source else "profile: "
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}must be a JSON object")
+    if data.get("format") != FORMAT:
+        raise ValueError(
+            f"{where}format must be {FORMAT!r}, got {data.get('format')!r} (not a profile file?)"
+        )
+    if data.get("version") != VERSION:
+        raise ValueError(
+            f"{where}version {data.get('version')!r} is not supported (this hybridagg reads {VERSION})"
+        )
+    known = {f for f in Profile.__dataclass_fields__} | {"format", "version"}
+    extra = sorted(set(data) - known)
+    if extra:
+        raise ValueError(f"{where}unknown field(s) {', '.join(extra)}")
+    model = _need(data, "model", where)
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"{where}model must be a non-empty string")
+    params = _need(data, "parameters", where)
+    if isinstance(params, bool) or not isinstance(params, int) or params < 1:
+        raise ValueError(f"{where}parameters must be an integer >= 1, got {params!r}")
+    shape = _need(data, "sample_shape", where)
+    if not isinstance(shape, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape
+    ):
+        raise ValueError(
+            f"{where}sample_shape must be a list of positive integers, got {shape!r}"
+        )
+    srv = _section(data, "server", where)
+    server = ServerFit(
+        seconds_per_update=_check(
+            f"{where}server.",
+            "seconds_per_update",
+            _need(srv, "seconds_per_update", f"{where}server."),
+            zero=True,
+        ),
+        seconds_per_byte=_check(
+            f"{where}server.",
+            "seconds_per_byte",
+            _need(srv, "seconds_per_byte", f"{where}server."),
+            zero=True,
+        ),
+        points=_points(f"{where}server.", srv.get("points", [])),
+    )
+    mach = _section(data, "machine", where)
+    cores = _need(mach, "cores", f"{where}machine.")
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"{where}machine.cores must be an integer >= 1, got {cores!r}")
+    machine = MachineInfo(
+        cores=cores,
+        memcpy_Bps=_check(
+            f"{where}machine.",
+            "memcpy_Bps",
+            _need(mach, "memcpy_Bps", f"{where}machine."),
+        ),
+        device=str(mach.get("device", "cpu")),
+    )
+    ar = _section(data, "allreduce", where, optional=True)
+    allreduce = None
+    if ar is not None:
+        ranks = _need(ar, "ranks", f"{where}allreduce.")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+            raise ValueError(
+                f"{where}allreduce.ranks must be an integer >= 2, got {ranks!r}"
+            )
+        allreduce = AllreduceFit(
+            latency_s=_check(
+                f"{where}allreduce.",
+                "latency_s",
+                _need(ar, "latency_s", f"{where}allreduce."),
+                zero=True,
+            ),
+            bandwidth_Bps=_check(
+                f"{where}allreduce.",
+                "bandwidth_Bps",
+                _need(ar, "bandwidth_Bps", f"{where}allreduce."),
+            ),
+            ranks=ranks,
+            points=_points(f"{where}allreduce.", ar.get("points", [])),
+        )
+    layers = []
+    for i, layer in enumerate(data.get("layers", [])):
+        lw = f"{where}layers[{i}]."
+        if not isinstance(layer, dict) or not isinstance(layer.get("name"), str):
+            raise ValueError(f"{lw[:-1]} must be a mapping with a name")
+        layers.append(
+            LayerCost(
+                name=layer["name"],
+                flops=_check(lw, "flops", _need(layer, "flops", lw), zero=True),
+                forward_s=_check(
+                    lw, "forward_s", _need(layer, "forward_s", lw), zero=True
+                ),
+                backward_s=_check(
+                    lw, "backward_s", _need(layer, "backward_s", lw), zero=True
+                ),
+            )
+        )
+    buckets = []
+    for i, b in enumerate(data.get("buckets", [])):
+        if not (isinstance(b, list) and len(b) == 2):
+            raise ValueError(f"{where}buckets[{i}] must be [ready share, bytes share]")
+        ready = _check(where, f"buckets[{i}][0]", b[0], zero=True)
+        share = _check(where, f"buckets[{i}][1]", b[1])
+        if ready > 1 or share > 1:
+            raise ValueError(f"{where}buckets[{i}] shares must be at most 1, got {b}")
+        buckets.append((ready, share))
+    if buckets and abs(sum(b[1] for b in buckets) - 1) > 1e-6:
+        raise ValueError(f"{where}buckets' byte shares must sum to 1")
+    if [b[0] for b in buckets] != sorted(b[0] for b in buckets):
+        raise ValueError(f"{where}buckets must be in the order backward fills them")
+    batch = data.get("batch", 0)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
+    notes = data.get("notes", {})
+    if not isinstance(notes, dict):
+        raise ValueError(f"{where}notes must be a mapping")
+    return Profile(
+        model=model,
+        parameters=params,
+        sample_shape=tuple(shape),
+        forward_s_per_sample=_check(
+            where, "forward_s_per_sample", _need(data, "forward_s_per_sample", where)
+        ),
+        backward_s_per_sample=_check(
+            where,
+            "backward_s_per_sample",
+            _need(data, "backward_s_per_sample", where),
+            zero=True,
+        ),
+        parameter_bytes=_check(
+            where, "parameter_bytes", _need(data, "parameter_bytes", where)
+        ),
+        activation_bytes_per_sample=_check(
+            where,
+            "activation_bytes_per_sample",
+            data.get("activation_bytes_per_sample", 0),
+            zero=True,
+        ),
+        server=server,
+        machine=machine,
+        allreduce=allreduce,
+        layers=tuple(layers),
+        buckets=tuple(buckets),
+        batch=batch,
+        notes=notes,
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file.
+
+    Raises:
+        ValueError: A missing file, bad JSON or a bad field, naming the file.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"profile {path} does not exist") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"profile {path} is not valid JSON: {exc}") from None
+    return profile_from_dict(data, str(path))

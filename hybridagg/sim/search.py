@@ -1,0 +1,177 @@
+"""The planner's objectives and its exact searcher (pure logic).
+
+Objectives: ``throughput`` (the most samples/s; the cheaper of equals) and
+``cost`` (HeterPS's: the cheapest configuration whose samples/s reach
+``min_samples_per_sec``; the faster of equals).
+
+:func:`exact_search` visits every candidate of a :class:`~.space.Space`
+except those a bound proves cannot win: a node combination whose ideal
+samples/s (every worker computing, nothing else: no candidate on those
+nodes is faster) is below the best found, or below the required rate; and,
+for cost, one whose worker nodes alone cost more than the best found.
+Combinations are visited best-bound first (throughput) or cheapest first
+(cost), so the bounds bite early. With ``prune=False`` it is brute force,
+which the tests compare it with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .space import Candidate, CostModel, Score, Space
+
+__all__ = ["OBJECTIVES", "Objective", "SearchResult", "exact_search"]
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the planner optimises.
+
+    Attributes:
+        kind: ``throughput`` or ``cost``.
+        min_samples_per_sec: With ``cost``: the rate a plan must reach.
+    """
+
+    kind: str = "throughput"
+    min_samples_per_sec: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise ValueError(
+                f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.kind!r}"
+            )
+        if self.kind == "cost":
+            if self.min_samples_per_sec is None or not self.min_samples_per_sec > 0:
+                raise ValueError(
+                    "--objective cost needs --min-samples-per-sec X (X > 0): the "
+                    "throughput the cheapest plan must reach"
+                )
+        elif self.min_samples_per_sec is not None:
+            raise ValueError("--min-samples-per-sec goes with --objective cost")
+
+    def feasible(self, score: Score) -> bool:
+        """Whether ``score`` meets the constraint (always, for throughput)."""
+        return self.kind == "throughput" or (
+            score.samples_per_sec >= float(self.min_samples_per_sec or 0.0)
+        )
+
+    def key(self, score: Score) -> tuple[float, ...]:
+        """Larger is better: feasibility first, then the objective, then the
+        other figure as the tie-break."""
+        if self.kind == "throughput":
+            return (1.0, score.samples_per_sec, -score.cost_per_hour)
+        if self.feasible(score):
+            return (1.0, -score.cost_per_hour, score.samples_per_sec)
+        return (0.0, score.samples_per_sec, -score.cost_per_hour)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A searcher's answer.
+
+    Attributes:
+        best: The best candidate (``None``: nothing fits, or nothing meets
+            the constraint).
+        score: Its score.
+        fastest: The fastest candidate scored (what to report when the
+            constraint cannot be met).
+        fastest_score: Its score.
+        evaluated: Candidates the cost model scored.
+        pruned: Node combinations a bound skipped.
+        searcher: ``exact``, ``brute force`` or ``rl``.
+    """
+
+    best: Candidate | None
+    score: Score | None
+    fastest: Candidate | None
+    fastest_score: Score | None
+    evaluated: int
+    pruned: int
+    searcher: str
+
+
+class Tracker:
+    """The best and the fastest candidates seen so far under an objective."""
+
+    def __init__(self, objective: Objective) -> None:
+        self.objective = objective
+        self.best: tuple[Candidate, Score] | None = None
+        self.fastest: tuple[Candidate, Score] | None = None
+
+    def offer(self, c: Candidate, score: Score | None) -> None:
+        """Consider ``c`` (ignored when it does not fit)."""
+        if score is None:
+            return
+        if self.fastest is None or (score.samples_per_sec, -score.cost_per_hour) > (
+            self.fastest[1].samples_per_sec,
+            -self.fastest[1].cost_per_hour,
+        ):
+            self.fastest = (c, score)
+        if not self.objective.feasible(score):
+            return
+        if self.best is None or self.objective.key(score) > self.objective.key(
+            self.best[1]
+        ):
+            self.best = (c, score)
+
+    def result(self, evaluated: int, pruned: int, searcher: str) -> SearchResult:
+        best, score = self.best or (None, None)
+        fastest, fastest_score = self.fastest or (None, None)
+        return SearchResult(
+            best, score, fastest, fastest_score, evaluated, pruned, searcher
+        )
+
+
+def exact_search(
+    model: CostModel, space: Space, objective: Objective, *, prune: bool = True
+) -> SearchResult:
+    """The best candidate of ``space`` (see the module)."""
+    combos = space.node_choices()
+    bounds = {n: model.upper_bound(n) for n in combos}
+    price = {n: model.node_price(n) for n in combos}
+    if objective.kind == "throughput":
+        combos.sort(key=lambda n: (-bounds[n], price[n], n))
+    else:
+        combos.sort(key=lambda n: (price[n], -bounds[n], n))
+    tracker = Tracker(objective)
+    before = model.evaluated
+    pruned = 0
+    for nodes in combos:
+        if prune and _cannot_win(objective, tracker, bounds[nodes], price[nodes]):
+            pruned += 1
+            continue
+        for c in space.candidates_on(nodes):
+            if prune and objective.kind == "cost" and tracker.best is not None:
+                try:
+                    if model.cost_per_hour(c) > tracker.best[1].cost_per_hour:
+                        continue  # cannot be cheaper (servers' own nodes add)
+                except ValueError:
+                    continue  # does not fit: score() would say so too
+            tracker.offer(c, model.score(c))
+    return tracker.result(
+        model.evaluated - before, pruned, "exact" if prune else "brute force"
+    )
+
+
+def _cannot_win(
+    objective: Objective, tracker: Tracker, bound: float, price: float
+) -> bool:
+    """Whether no candidate with this samples/s bound and node price can beat
+    the best so far (or meet the constraint)."""
+    if objective.kind == "cost":
+        if bound < float(objective.min_samples_per_sec or 0.0):
+            return True
+        if tracker.best is None:
+            return False
+        best = tracker.best[1]
+        return price > best.cost_per_hour or (
+            price == best.cost_per_hour and bound <= best.samples_per_sec
+        )
+    if tracker.best is None:
+        return False
+    best = tracker.best[1]
+    return bound < best.samples_per_sec or (
+        bound == best.samples_per_sec and price >= best.cost_per_hour
+    )

@@ -1,0 +1,392 @@
+"""The planner's search space and its cost model (pure logic).
+
+A :class:`Candidate` is one configuration of a job on a cluster: the mode,
+how many nodes of each node type it uses, how its workers are grouped, how
+many servers and on which node type, and whether per-rank batches are equal
+or in proportion to speed (OmniLearn's rule, which ``--adaptive-batch``
+reaches at its steady state). A :class:`Space` is a product of choices per
+decision; :meth:`Space.candidate` maps one choice per decision to a
+canonical candidate (sync has no servers and one group; async one group per
+worker), so the exact searcher and the policy share one space.
+
+:class:`CostModel` scores a candidate: it cuts the cluster to the
+candidate's nodes, resolves the candidate as ``hybridagg train``'s options
+into a :class:`~.job.SimJob` (:func:`~.job.build_job`: the simulator's own
+reading), and predicts it with :func:`~.analytic.estimate`; the cost per
+hour is the price of the nodes it uses (worker nodes, and nodes that only
+hold servers). Scores are cached: the searchers ask for the same
+candidate many times.
+
+Groupings: ``node`` (one group per node), ``device`` (per node type),
+``speed:K`` (``hybridagg.topology.speed_groups`` on the ranks' speeds) and
+``split:K`` (``K`` contiguous runs of ranks as equal as can be). A plan
+writes its groups as explicit rank ranges, which mean the same in any run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..modes import MODES
+from .analytic import estimate
+from .cluster import ClusterSpec, ServerPlacement
+from .job import SimJob, build_job, machine_cluster
+from .profile import Profile
+
+__all__ = [
+    "BATCH_RULES",
+    "Candidate",
+    "CostModel",
+    "Score",
+    "Space",
+]
+
+BATCH_RULES = ("equal", "speed")
+"""Per-rank batches: all ``--batch-size``, or in proportion to speed."""
+
+DEFAULT_GROUPINGS = ("node", "device", "speed:2", "speed:3", "split:2", "split:4")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration (see the module).
+
+    Attributes:
+        mode: sync, hybrid or async.
+        nodes: Nodes used of each node type that has devices (cluster
+            order); on this machine's emulation, ``(1,)``.
+        grouping: ``world`` (sync), ``each`` (async), or a grouping of
+            :data:`DEFAULT_GROUPINGS`' kinds (hybrid).
+        servers: Parameter servers (0 in sync).
+        server_type: The node type holding them (``None`` without servers).
+        batches: ``equal`` or ``speed`` (:data:`BATCH_RULES`).
+    """
+
+    mode: str
+    nodes: tuple[int, ...]
+    grouping: str = "world"
+    servers: int = 0
+    server_type: str | None = None
+    batches: str = "equal"
+
+    def describe(self) -> str:
+        """One line for people."""
+        parts = [self.mode, f"nodes {list(self.nodes)}"]
+        if self.mode == "hybrid":
+            parts.append(f"groups {self.grouping}")
+        if self.servers:
+            parts.append(f"{self.servers} server(s) on {self.server_type}")
+        parts.append(f"batches {self.batches}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A candidate's prediction and price."""
+
+    samples_per_sec: float
+    ideal_samples_per_sec: float
+    cost_per_hour: float
+
+
+@dataclass(frozen=True)
+class Space:
+    """Choices per decision (see the module).
+
+    Attributes:
+        nodes: Per node type with devices, the node counts to try.
+        modes: Modes to try.
+        groupings: Hybrid groupings to try.
+        servers: Server counts to try (hybrid and async).
+        server_types: Node types that may hold the servers.
+        batches: Batch rules to try.
+    """
+
+    nodes: tuple[tuple[int, ...], ...]
+    modes: tuple[str, ...] = MODES
+    groupings: tuple[str, ...] = DEFAULT_GROUPINGS
+    servers: tuple[int, ...] = (1,)
+    server_types: tuple[str, ...] = ()
+    batches: tuple[str, ...] = BATCH_RULES
+
+    def __post_init__(self) -> None:
+        for name in ("modes", "groupings", "servers", "batches"):
+            if not getattr(self, name):
+                raise ValueError(f"the search space needs at least one of {name}")
+        if not self.nodes or any(not c for c in self.nodes):
+            raise ValueError("the search space needs node counts for every node type")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
+        bad = [b for b in self.batches if b not in BATCH_RULES]
+        if bad:
+            raise ValueError(f"unknown batch rule(s) {bad}; known: {BATCH_RULES}")
+        for g in self.groupings:
+            _check_grouping(g)
+        if any(k < 1 for k in self.servers):
+            raise ValueError(f"server counts must be >= 1, got {self.servers}")
+
+    def decisions(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The factored decisions, each with its choices (the policy's actions)."""
+        out: list[tuple[str, tuple[Any, ...]]] = [
+            (f"nodes[{i}]", c) for i, c in enumerate(self.nodes)
+        ]
+        out += [
+            ("mode", self.modes),
+            ("grouping", self.groupings),
+            ("servers", self.servers),
+            ("server_type", self.server_types or (None,)),
+            ("batches", self.batches),
+        ]
+        return out
+
+    @property
+    def size(self) -> int:
+        """Number of raw choice combinations (before canonical duplicates go)."""
+        return math.prod(len(c) for _, c in self.decisions())
+
+    def candidate(self, choice: tuple[Any, ...]) -> Candidate:
+        """The canonical candidate of one choice per decision."""
+        k = len(self.nodes)
+        nodes = tuple(choice[:k])
+        mode, grouping, servers, server_type, batches = choice[k:]
+        if mode == "sync":
+            return Candidate("sync", nodes, "world", 0, None, batches)
+        if mode == "async":
+            grouping = "each"
+        return Candidate(mode, nodes, grouping, servers, server_type, batches)
+
+    def candidates_on(self, nodes: tuple[int, ...]) -> list[Candidate]:
+        """Every distinct candidate on these node counts, in a fixed order."""
+        seen: dict[Candidate, None] = {}
+        rest = [c for _, c in self.decisions()[len(self.nodes) :]]
+        for choice in itertools.product(*rest):
+            seen.setdefault(self.candidate((*nodes, *choice)), None)
+        return list(seen)
+
+    def node_choices(self) -> list[tuple[int, ...]]:
+        """Every combination of node counts that uses at least one node."""
+        return [n for n in itertools.product(*self.nodes) if any(n)]
+
+
+def _check_grouping(g: str) -> None:
+    kind, _, arg = g.partition(":")
+    if kind in ("node", "device") and not arg:
+        return
+    if kind in ("speed", "split") and arg.isdigit() and int(arg) >= 2:
+        return
+    raise ValueError(
+        f"unknown grouping {g!r}: use node, device, speed:K or split:K (K >= 2)"
+    )
+
+
+def _split(workers: int, k: int) -> str:
+    if k > workers:
+        raise ValueError(f"split:{k} needs at least {k} workers, got {workers}")
+    bounds = [workers * i // k for i in range(k + 1)]
+    return ",".join(f"{a}-{b - 1}" for a, b in itertools.pairwise(bounds))
+
+
+@dataclass(frozen=True)
+class _Options:
+    """``hybridagg train``'s options that a simulation reads (``JobOptions``)."""
+
+    mode: str
+    groups: str | None
+    servers: int | None
+    batch_size: int
+    slowdown: str | None = None
+    sample_ms: float = 0.0
+    adaptive_batch: bool = False
+    adaptive_groups: bool = False
+    min_batch: int = 1
+    max_batch: int | None = None
+    overlap: bool = False
+    stream_push: bool = False
+    staleness_bound: int | None = None
+    wire: str = "fp32"
+    steps: int | None = 1
+    epochs: int | None = None
+
+
+@dataclass
+class CostModel:
+    """Scores candidates on a cluster for a profile (see the module).
+
+    Args:
+        cluster: The cluster (ignored with ``workers``).
+        profile: The model's profile.
+        batch_size: ``--batch-size`` (per rank; the base of both batch rules).
+        workers: This machine's emulation: this many workers on
+            :func:`~.job.machine_cluster` (``--slowdown`` names them), the
+            candidate's servers beside them; ``None`` for ``cluster``.
+        slowdown: ``--slowdown`` (emulation).
+        sample_ms: ``--sample-ms`` (emulation).
+        wire: ``--wire``.
+    """
+
+    cluster: ClusterSpec
+    profile: Profile
+    batch_size: int = 32
+    workers: int | None = None
+    slowdown: str | None = None
+    sample_ms: float = 0.0
+    wire: str = "fp32"
+    _cache: dict[Candidate, Score | None] = field(default_factory=dict, repr=False)
+    _errors: dict[Candidate, str] = field(default_factory=dict, repr=False)
+
+    # -------------------------------------------------------------- space
+    def worker_types(self) -> list[int]:
+        """Indices of the node types with devices (a candidate's ``nodes``)."""
+        return [i for i, t in enumerate(self.cluster.node_types) if t.devices > 0]
+
+    def default_space(self, *, modes: tuple[str, ...] = MODES) -> Space:
+        """Every node count up to 8 nodes of a type (beyond: powers of two and
+        all), server counts in powers of two up to the placement's limit."""
+        if self.workers is not None:
+            limit = max(1, self.workers // 2)
+            return Space(
+                nodes=((1,),),
+                modes=modes,
+                groupings=("speed:2", "speed:3", "split:2", "split:4"),
+                servers=tuple(k for k in (1, 2, 3, 4) if k <= limit),
+                server_types=(self.cluster.node_types[0].name,),
+            )
+        nodes = []
+        for i in self.worker_types():
+            count = self.cluster.node_types[i].count
+            if count <= 8:
+                nodes.append(tuple(range(count + 1)))
+            else:
+                nodes.append(
+                    tuple(
+                        sorted({0, count} | {2**j for j in range(count.bit_length())})
+                    )
+                )
+        top = self.cluster.max_servers
+        servers = tuple(sorted({top} | {2**j for j in range(top.bit_length())}))
+        return Space(
+            nodes=tuple(nodes),
+            modes=modes,
+            servers=tuple(k for k in servers if k <= top),
+            server_types=self.cluster.servers.node_types,
+        )
+
+    # ------------------------------------------------------------ cluster
+    def cluster_for(self, c: Candidate) -> ClusterSpec:
+        """The cluster cut to ``c``'s nodes (nodes only for servers as needed).
+
+        Raises:
+            ValueError: ``c`` uses no worker, or its servers do not fit.
+        """
+        if self.workers is not None:
+            return machine_cluster(self.profile, self.workers, c.servers)
+        kept = []
+        counts = dict(zip(self.worker_types(), c.nodes, strict=True))
+        if not any(c.nodes):
+            raise ValueError("a candidate must use at least one node of workers")
+        place = self.cluster.servers.per_node
+        for i, t in enumerate(self.cluster.node_types):
+            if t.devices > 0:
+                n = counts[i]
+            elif c.servers and t.name == c.server_type:  # nodes only for servers
+                n = -(-c.servers // place)
+            else:
+                n = 0
+            if n > t.count:
+                raise ValueError(f"{n} nodes of {t.name!r}: the cluster has {t.count}")
+            if n:
+                kept.append(replace(t, count=n))
+        names = [t.name for t in kept]
+        if c.servers and c.server_type not in names:
+            raise ValueError(f"no node of {c.server_type!r} to hold the servers")
+        where = (c.server_type,) if c.servers else (names[0],)
+        return replace(
+            self.cluster,
+            node_types=tuple(kept),
+            servers=ServerPlacement(node_types=where, per_node=place),
+        )
+
+    def cost_per_hour(self, c: Candidate) -> float:
+        """The price of the nodes ``c`` uses (no simulation needed)."""
+        return sum(t.count * t.price_per_hour for t in self.cluster_for(c).node_types)
+
+    def options(self, c: Candidate, *, steps: int = 1) -> _Options:
+        """``c`` as ``hybridagg train``'s options (groups as explicit ranges)."""
+        workers = self.cluster_for(c).num_devices
+        groups: str | None = None
+        if c.mode == "hybrid":
+            kind, _, arg = c.grouping.partition(":")
+            groups = _split(workers, int(arg)) if kind == "split" else c.grouping
+        return _Options(
+            mode=c.mode,
+            groups=groups,
+            servers=c.servers,
+            batch_size=self.batch_size,
+            slowdown=self.slowdown,
+            sample_ms=self.sample_ms,
+            adaptive_batch=c.batches == "speed",
+            wire=self.wire,
+            steps=steps,
+        )
+
+    def job(self, c: Candidate, *, steps: int = 1) -> SimJob:
+        """The simulator's job for ``c``.
+
+        Raises:
+            ValueError: ``c`` does not fit the cluster.
+        """
+        return build_job(
+            self.options(c, steps=steps), self.cluster_for(c), self.profile
+        )
+
+    # -------------------------------------------------------------- score
+    def score(self, c: Candidate) -> Score | None:
+        """``c``'s predicted samples/s, ideal and cost; ``None`` if it does not
+        fit (:meth:`error` says why)."""
+        if c in self._cache:
+            return self._cache[c]
+        try:
+            job = self.job(c)
+            if c.mode == "hybrid" and len(job.groups) < 2:
+                raise ValueError(
+                    f"grouping {c.grouping} makes one group (that is sync)"
+                )
+            result = estimate(job)
+            score: Score | None = Score(
+                result.samples_per_sec,
+                result.ideal_samples_per_sec,
+                self.cost_per_hour(c),
+            )
+        except ValueError as exc:
+            score = None
+            self._errors[c] = str(exc)
+        self._cache[c] = score
+        return score
+
+    def error(self, c: Candidate) -> str | None:
+        """Why :meth:`score` found ``c`` does not fit (``None`` if it does)."""
+        return self._errors.get(c)
+
+    @property
+    def evaluated(self) -> int:
+        """Distinct candidates scored so far."""
+        return len(self._cache)
+
+    def upper_bound(self, nodes: tuple[int, ...]) -> float:
+        """Samples/s no candidate on these nodes can beat: their ideal (every
+        worker computing, nothing else), servers left out."""
+        return self.job(Candidate("sync", nodes)).ideal_samples_per_sec()
+
+    def node_price(self, nodes: tuple[int, ...]) -> float:
+        """The price of these worker nodes (a lower bound of a candidate's cost)."""
+        if self.workers is not None:
+            return self.cost_per_hour(Candidate("sync", nodes))
+        types = self.cluster.node_types
+        return sum(
+            n * types[i].price_per_hour
+            for i, n in zip(self.worker_types(), nodes, strict=True)
+        )

@@ -1,0 +1,51 @@
+"""``--plan FILE``: a plan from ``hybridagg plan`` as ``hybridagg train``'s options.
+
+The plan sets the fields it chose (:meth:`hybridagg.sim.planfile.Plan.settings`:
+mode, groups, servers, batch size, adaptive batches). A flag the user gave
+too must agree with the plan, else it is an error naming both: a plan
+silently overridden by a flag, or a flag silently overridden by a plan,
+would run a job nobody chose. Pure logic apart from reading the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from .fields import flag
+
+__all__ = ["apply_plan"]
+
+
+def apply_plan(values: dict[str, Any], given: Collection[str]) -> dict[str, Any]:
+    """``values`` (a configuration's fields) with ``values["plan"]``'s settings.
+
+    Args:
+        values: The parsed options, by field name (``plan``: the file or ``None``).
+        given: The fields the user gave on the command line.
+
+    Raises:
+        ValueError: The plan file is bad, or a given flag conflicts with it.
+    """
+    path = values.get("plan")
+    if not path:
+        return values
+    from ...sim.planfile import load_plan
+
+    settings = load_plan(path).settings()
+    out = dict(values)
+    for name, wanted in settings.items():
+        if name in given and values.get(name) != wanted:
+            shown = values.get(name)
+            raise ValueError(
+                f"--plan {path} sets {flag(name)} to {_show(wanted)}, but "
+                f"{flag(name)} {_show(shown)} was given too; drop the flag or the plan"
+            )
+        out[name] = wanted
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "unset" if value is None else str(value)

@@ -1,0 +1,269 @@
+"""``hybridagg simulate``, ``profile`` and ``plan``: their configurations.
+
+:class:`SimulateConfig` is :class:`~hybridagg.train.config.TrainConfig` (every
+training flag, checked the same way) with ``--data`` made optional (a
+simulation reads no data; the file, when given, tells the epoch's size) and
+:class:`SimulationOptions` added. :class:`ProfileConfig` is the model and
+optimizer concerns with :class:`ProfileOptions`. :class:`PlanConfig` is
+:class:`PlanOptions` alone (the planner chooses mode, groups, servers and
+batches itself). Pure logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import TrainConfig
+from .aggregation import WIRE_FORMATS
+from .fields import Concern, check_declared, option
+from .training import ModelOptions, OptimOptions
+
+__all__ = [
+    "PLAN_CONCERNS",
+    "PROFILE_CONCERNS",
+    "SIMULATE_CONCERNS",
+    "PlanConfig",
+    "PlanOptions",
+    "ProfileConfig",
+    "ProfileOptions",
+    "SimulateConfig",
+    "SimulationOptions",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationOptions(Concern):
+    """What to simulate on: the cluster, the profile, and where the prediction goes."""
+
+    help_group: ClassVar[str] = "simulation"
+
+    profile: str
+    """profile file from 'hybridagg profile' (what the model needs)"""
+
+    cluster: str | None = None
+    """cluster file (YAML, JSON or TOML; default: this machine as profiled,
+    with --ranks ranks)"""
+
+    ranks: int | None = option(None, at_least=2)
+    """ranks of the job, servers included, as mpiexec -n would give them
+    (with --cluster: the cluster cut down to this many workers plus the
+    servers, each node type keeping its share; default: every device)"""
+
+    samples: int | None = option(None, at_least=1)
+    """training samples per epoch, for --epochs (default: --data's training
+    split)"""
+
+    json: str | None = None
+    """also write the prediction to this JSON file"""
+
+    sim_timeout: float = option(600.0, at_least=1)
+    """seconds the simulation may run before it is stopped"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig(SimulationOptions, TrainConfig):
+    """``hybridagg simulate``'s options (see ``hybridagg simulate --help``).
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+    data: str | None = option(
+        None,
+        help="HDF5 file from 'hybridagg convert' (only its size is read, for --epochs)",
+    )
+
+    def __post_init__(self) -> None:
+        TrainConfig.__post_init__(self)
+        check_declared(self, SimulationOptions)
+        SimulationOptions._check(self)
+        if self.cluster is None and self.ranks is None:
+            raise ValueError(
+                "give --cluster FILE, or --ranks N to simulate this machine"
+            )
+
+
+SIMULATE_CONCERNS: tuple[type, ...] = (SimulationOptions, *TrainConfig.__bases__[::-1])
+"""The concerns of ``hybridagg simulate``, in the order of its ``--help``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions(Concern):
+    """What to profile and where the profile goes."""
+
+    help_group: ClassVar[str] = "profile"
+
+    out: str
+    """profile file to write (JSON)"""
+
+    data: str | None = None
+    """HDF5 file from 'hybridagg convert': the sample shape and the classes"""
+
+    sample_shape: str | None = None
+    """one sample's shape without --data, e.g. 3,32,32"""
+
+    classes: int | None = option(None, at_least=1)
+    """number of classes without --data"""
+
+    reps: int = option(5, at_least=1)
+    """timed repetitions of each measurement (the median is kept)"""
+
+    def _check(self) -> None:
+        if self.data is None and (self.sample_shape is None or self.classes is None):
+            raise ValueError("give --data FILE.h5, or --sample-shape and --classes")
+        if self.sample_shape is not None:
+            self.parsed_shape()
+
+    def parsed_shape(self) -> tuple[int, ...]:
+        """``--sample-shape`` as a tuple of positive integers."""
+        try:
+            shape = tuple(int(s) for s in str(self.sample_shape).split(","))
+        except ValueError:
+            shape = ()
+        if not shape or any(s < 1 for s in shape):
+            raise ValueError(
+                f"--sample-shape must be positive integers with commas, got "
+                f"{self.sample_shape!r}"
+            )
+        return shape
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileConfig(ProfileOptions, OptimOptions, ModelOptions):
+    """``hybridagg profile``'s options.
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+    def __post_init__(self) -> None:
+        for concern in PROFILE_CONCERNS:
+            check_declared(self, concern)
+            concern._check(self)
+
+
+PROFILE_CONCERNS: tuple[type, ...] = (ModelOptions, OptimOptions, ProfileOptions)
+"""The concerns of ``hybridagg profile``, in the order of its ``--help``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions(Concern):
+    """What to plan for, what to optimise, and where the plan goes."""
+
+    help_group: ClassVar[str] = "plan"
+
+    cluster: str | None = None
+    """cluster file (YAML, JSON or TOML); or -n N for this machine's emulation"""
+
+    workers: int | None = option(None, at_least=2)
+    """this machine's emulation (also -n N): N workers, which --slowdown and
+    --sample-ms describe; the plan's servers are ranks beside them (its
+    'ranks' says mpiexec -n)"""
+
+    profile: str | None = None
+    """profile file from 'hybridagg profile' (what the model needs)"""
+
+    model: str | None = None
+    """or a model to profile here on the spot (with --data, or --sample-shape
+    and --classes)"""
+
+    data: str | None = None
+    """with --model: HDF5 file from 'hybridagg convert' (the sample shape and
+    the classes)"""
+
+    sample_shape: str | None = None
+    """with --model: one sample's shape, e.g. 3,32,32"""
+
+    classes: int | None = option(None, at_least=1)
+    """with --model: number of classes"""
+
+    batch_size: int = option(32, at_least=1)
+    """samples per rank per step (the base of equal and speed-proportional
+    batches)"""
+
+    slowdown: str | None = None
+    """the emulation's per-rank slowdown (as hybridagg train's --slowdown)"""
+
+    sample_ms: float = option(0.0, at_least=0)
+    """the emulation's milliseconds of compute per sample (as hybridagg
+    train's --sample-ms)"""
+
+    wire: str = option("fp32", choices=WIRE_FORMATS)
+    """the gradients' format on the wire (as hybridagg train's --wire)"""
+
+    objective: str = option("throughput", choices=("throughput", "cost"))
+    """throughput: the most samples/s; cost: the cheapest per hour that
+    reaches --min-samples-per-sec"""
+
+    min_samples_per_sec: float | None = option(None, at_least=0)
+    """with --objective cost: the samples/s the plan must reach"""
+
+    searcher: str = option("auto", choices=("auto", "exact", "rl"))
+    """exact: every configuration but those a bound rules out; rl: a policy
+    trained with REINFORCE on the analytic model; auto: exact up to 20000
+    configurations, rl beyond"""
+
+    seed: int = option(0, at_least=0)
+    """seed of the rl searcher"""
+
+    rounds: int = option(150, at_least=1)
+    """policy updates of the rl searcher (16 configurations each)"""
+
+    confirm_workers: int = option(64, at_least=0)
+    """simulate the chosen plan with SimGrid when it has at most this many
+    workers (0: never)"""
+
+    sim_timeout: float = option(600.0, at_least=1)
+    """seconds the confirming simulation may run"""
+
+    json: str | None = None
+    """also write the plan and its predictions to this JSON file"""
+
+    out: str | None = None
+    """write the plan file (for hybridagg train --plan) here"""
+
+    def _check(self) -> None:
+        if (self.profile is None) == (self.model is None):
+            raise ValueError("give --profile FILE, or --model NAME to profile here")
+        if self.model is None and (
+            self.data is not None
+            or self.sample_shape is not None
+            or self.classes is not None
+        ):
+            raise ValueError("--data, --sample-shape and --classes go with --model")
+        if (
+            self.model is not None
+            and self.data is None
+            and (self.sample_shape is None or self.classes is None)
+        ):
+            raise ValueError(
+                "--model needs --data FILE.h5, or --sample-shape and --classes"
+            )
+        if (self.cluster is None) == (self.workers is None):
+            raise ValueError(
+                "give --cluster FILE, or -n N to plan for this machine's emulation"
+            )
+        if self.objective == "cost" and self.min_samples_per_sec is None:
+            raise ValueError(
+                "--objective cost needs --min-samples-per-sec X: the samples/s "
+                "the cheapest plan must reach"
+            )
+        if self.objective != "cost" and self.min_samples_per_sec is not None:
+            raise ValueError("--min-samples-per-sec goes with --objective cost")
+        from ...slowdown import parse_slowdown
+
+        parse_slowdown(self.slowdown)  # raises on a malformed spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig(PlanOptions):
+    """``hybridagg plan``'s options (see ``hybridagg plan --help``).
+
+    Raises:
+        ValueError: A bad value, naming its flag.
+    """
+
+
+PLAN_CONCERNS: tuple[type, ...] = (PlanOptions,)
+"""The concerns of ``hybridagg plan``, in the order of its ``--help``."""

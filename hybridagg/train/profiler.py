@@ -1,0 +1,318 @@
+"""``hybridagg profile``: measure what a model needs here, for ``hybridagg simulate``.
+
+Measured on this machine (rank 0, while the others wait in a polled
+barrier), then written as a :class:`hybridagg.sim.profile.Profile`:
+
+* compute: the model's forward and backward on a batch of zeros (training
+  mode), the median of ``reps`` timed passes after a warm-up, per sample;
+  each layer's share by its own floating-point operations
+  (:func:`hybridagg.train.pacing.module_costs`, the pacer's rule: a layer's
+  backward costs twice its forward), so the per-layer seconds are the
+  measured totals apportioned by FLOPs, not timed one by one;
+* buckets: the reducer's gradient buckets
+  (:func:`hybridagg.reduce.buckets.assign_buckets`) and when backward fills
+  each, by the pacer's rule (a module's parameters get their gradients once
+  the backward shares of it and of every later module are spent);
+* memory: parameter bytes, and activation bytes per sample (every module's
+  output on that batch, summed, over the batch);
+* a server's update: :class:`hybridagg.ps.store.ShardStore` stepping the
+  run's optimizer over shards of several sizes, fitted to
+  ``seconds = per_update + bytes x per_byte`` (least squares);
+* one core's memory-copy bandwidth (``torch`` copy of 64 MiB, best of reps);
+* with more than one rank (``mpiexec -n N hybridagg profile``): the group
+  all-reduce (:class:`hybridagg.collectives.Collectives`, the slowest rank's
+  time, median over reps) at several sizes, fitted to
+  ``2(n-1)(latency + bytes/(n bandwidth))``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..sim.profile import AllreduceFit, LayerCost, MachineInfo, Profile, ServerFit
+from .config import OptimOptions
+from .pacing import module_costs
+
+__all__ = [
+    "bucket_schedule",
+    "fit_line",
+    "measure_allreduce",
+    "measure_compute",
+    "measure_memcpy",
+    "measure_server",
+]
+
+_BACKWARD_TIMES_FORWARD = 2.0  # the pacer's rule (hybridagg.train.pacing)
+
+
+def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` over ``points``; ``a`` and ``b`` clipped at 0.
+
+    Raises:
+        ValueError: Fewer than two distinct ``x``.
+    """
+    xs = np.array([p[0] for p in points], dtype=float)
+    ys = np.array([p[1] for p in points], dtype=float)
+    if len(set(xs.tolist())) < 2:
+        raise ValueError("a line needs measurements at two sizes at least")
+    b, a = np.polyfit(xs, ys, 1)
+    return max(float(a), 0.0), max(float(b), 0.0)
+
+
+def _timed(fn, reps: int) -> float:
+    fn()  # warm-up: allocations, lazy initialisation
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_compute(
+    model: nn.Module, sample_shape: tuple[int, ...], batch: int, reps: int
+) -> dict[str, Any]:
+    """Forward and backward seconds per sample, layers, activation bytes."""
+    x = torch.zeros((batch, *sample_shape))
+    model.train()
+    outputs: list[int] = []
+
+    def hook(_module, _inputs, output) -> None:
+        if isinstance(output, torch.Tensor):
+            outputs.append(output.numel() * output.element_size())
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    activation = sum(outputs) / batch
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def both() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+
+    t_forward = _timed(forward, reps)
+    t_both = _timed(both, reps)
+    t_backward = max(t_both - t_forward, 0.0)
+    costs = module_costs(model, x[:1])
+    total = sum(costs.values())
+    layers = [
+        LayerCost(
+            name=name or type(model).__name__,
+            flops=flops,
+            forward_s=t_forward / batch * flops / total,
+            backward_s=t_backward / batch * flops / total,
+        )
+        for name, flops in costs.items()
+    ]
+    return {
+        "buckets": bucket_schedule(model, costs),
+        "forward_s_per_sample": t_forward / batch,
+        "backward_s_per_sample": t_backward / batch,
+        "activation_bytes_per_sample": float(activation),
+        "layers": tuple(layers),
+    }
+
+
+def bucket_schedule(
+    model: nn.Module, costs: dict[str, float], bucket_bytes: int | None = None
+) -> tuple[tuple[float, float], ...]:
+    """(share of backward done when full, share of the gradient's bytes) per bucket.
+
+    Modules are taken in registration order as the order forward runs them
+    (backward the other way round); a parameter is ready once the backward
+    shares of its module and every later one are spent.
+    """
+    from ..reduce.buckets import DEFAULT_BUCKET_BYTES, assign_buckets
+
+    total = sum(costs.values())
+    names = [name for name, _ in model.named_modules()]
+    later: dict[str, float] = {}
+    acc = 0.0
+    for name in reversed(names):
+        acc += costs.get(name, 0.0)
+        later[name] = acc
+    owner: dict[int, str] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or total <= 0:
+        return ()
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    out = []
+    for bucket in assign_buckets(params, bucket_bytes or DEFAULT_BUCKET_BYTES):
+        ready = max(later[owner[id(params[i])]] / total for i in bucket)
+        nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
+        out.append((min(ready, 1.0), nbytes / grad_bytes))
+    out.sort()
+    return tuple(out)
+
+
+def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
+    """One core's copy bandwidth in bytes per second (best of ``reps``)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        dst.copy_(src)
+        best = min(_timed(lambda: dst.copy_(src), 1) for _ in range(max(1, reps)))
+    finally:
+        torch.set_num_threads(threads)
+    return nbytes / best
+
+
+def _optimizer(cfg: OptimOptions) -> tuple[type[torch.optim.Optimizer], dict]:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD, {
+            "lr": cfg.lr,
+            "momentum": cfg.momentum,
+            "weight_decay": cfg.weight_decay,
+        }
+    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+    return cls, {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+
+
+def measure_server(
+    cfg: OptimOptions, sizes: Sequence[int], reps: int
+) -> tuple[float, float, list[tuple[float, float]]]:
+    """A server's seconds per update and per byte (shards of ``sizes`` elements)."""
+    from ..ps.compensation import Compensation
+    from ..ps.spec import ServerSpec
+    from ..ps.store import ShardStore
+    from ..runtime import envvars
+
+    cls, hyper = _optimizer(cfg)
+    part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
+    points = []
+    for numel in sizes:
+        spec = ServerSpec(
+            optimizer=cls,
+            defaults=dict(cls([torch.nn.Parameter(torch.zeros(1))], **hyper).defaults),
+            hyper=[hyper],
+            group_of=[0],
+            numels=[numel],
+            shard_range=(0, numel),
+            shard=np.zeros(numel, dtype=np.float32),
+            buffers=None,
+            compensation=Compensation(),
+            staleness_bound=None,
+            max_updates=None,
+            part_elems=max(1, part_bytes // 4),
+        )
+        store = ShardStore(spec)
+        store.grad.fill_(1e-3)
+
+        def update(store=store) -> None:
+            for part in range(len(store.parts)):
+                store.apply(part, [cfg.lr], 1.0)
+
+        points.append((float(numel * 4), _timed(update, reps)))
+    per_update, per_byte = fit_line(points)
+    return per_update, per_byte, points
+
+
+def measure_allreduce(
+    comm, sizes: Sequence[int], reps: int
+) -> tuple[float, float, list[tuple[float, float]]]:
+    """Fitted latency and bandwidth of the group all-reduce over ``comm`` (collective)."""
+    from ..collectives import Collectives
+
+    coll = Collectives(comm)
+    n = comm.size
+    points = []
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4))
+        times = []
+        coll.allreduce(buf)  # warm-up
+        for _ in range(reps):
+            comm.barrier(what="profile: all-reduce timing")
+            start = time.perf_counter()
+            coll.allreduce(buf)
+            elapsed = time.perf_counter() - start
+            times.append(max(comm.allgather(elapsed, what="profile: times")))
+        points.append((float(buf.numel() * 4), statistics.median(times)))
+    fixed, per_byte = fit_line(points)
+    if per_byte <= 0:
+        # noise hid the slope (a busy machine): all of the largest size's
+        # time is taken as bandwidth, none as latency
+        nbytes, seconds = max(points)
+        fixed, per_byte = 0.0, seconds / nbytes
+    latency = fixed / (2 * (n - 1))
+    bandwidth = 2 * (n - 1) / (n * per_byte)
+    return latency, bandwidth, points
+
+
+def profile_model(
+    model: nn.Module,
+    name: str,
+    sample_shape: tuple[int, ...],
+    batch: int,
+    cfg: OptimOptions,
+    *,
+    reps: int = 5,
+    comm=None,
+    server_sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22),  # elements
+    allreduce_sizes: Sequence[int] = (1 << 18, 1 << 22, 1 << 25),
+) -> Profile | None:
+    """Measure everything (see the module); the profile on rank 0, ``None`` elsewhere.
+
+    Args:
+        comm: A :class:`hybridagg.comm.Comm` (``None``: one process, no all-reduce).
+    """
+    rank = 0 if comm is None else comm.rank
+    measured: dict[str, Any] = {}
+    if rank == 0:
+        measured = measure_compute(model, sample_shape, batch, reps)
+        per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
+        measured["server"] = ServerFit(per_update, per_byte, tuple(server_points))
+        measured["memcpy"] = measure_memcpy(reps)
+    allreduce = None
+    if comm is not None and comm.size > 1:
+        comm.barrier(what="profile: after rank 0's measurements")
+        latency, bandwidth, points = measure_allreduce(comm, allreduce_sizes, reps)
+        allreduce = AllreduceFit(latency, bandwidth, comm.size, tuple(points))
+    if rank != 0:
+        return None
+    params = sum(p.numel() for p in model.parameters())
+    return Profile(
+        model=name,
+        parameters=int(params),
+        sample_shape=tuple(sample_shape),
+        forward_s_per_sample=measured["forward_s_per_sample"],
+        backward_s_per_sample=measured["backward_s_per_sample"],
+        parameter_bytes=float(
+            sum(p.numel() * p.element_size() for p in model.parameters())
+        ),
+        activation_bytes_per_sample=measured["activation_bytes_per_sample"],
+        server=measured["server"],
+        machine=MachineInfo(
+            cores=len(os.sched_getaffinity(0)),
+            memcpy_Bps=measured["memcpy"],
+            device="cpu",
+        ),
+        allreduce=allreduce,
+        layers=measured["layers"],
+        buckets=measured["buckets"],
+        batch=batch,
+        notes={
+            "layers": "measured totals apportioned by each layer's FLOPs "
+            "(backward twice forward)",
+            "threads": torch.get_num_threads(),
+        },
+    )

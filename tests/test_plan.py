@@ -1,0 +1,346 @@
+"""hybridagg plan: the analytic model's closed forms, exact search against brute
+force, the REINFORCE policy's gap, the plan file and the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_sim import PROFILE, gpus, options
+
+from hybridagg.sim import (
+    ClusterSpec,
+    build_job,
+    load_cluster,
+    machine_cluster,
+    ring_allreduce_seconds,
+)
+from hybridagg.sim._simgrid import SimGridMissing, find_extension
+from hybridagg.sim.analytic import estimate
+from hybridagg.sim.planfile import groups_spec, load_plan
+from hybridagg.sim.policy import reinforce_search
+from hybridagg.sim.profile import Profile, save_profile
+from hybridagg.sim.search import Objective, exact_search
+from hybridagg.sim.space import Candidate, CostModel, Space
+
+try:
+    find_extension()
+    HAVE_SIMGRID = True
+except SimGridMissing:
+    HAVE_SIMGRID = False
+
+TINY = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+
+
+# ------------------------------------------------- analytic model: closed forms
+# the same closed forms tests/test_sim.py holds the simulator to
+@pytest.mark.parametrize("n", [2, 8])
+def test_one_group_is_compute_plus_the_closed_form_ring(n):
+    bw, lat = 1e9, 1e-5
+    job = build_job(options(steps=3), gpus(n, bw, lat), PROFILE)
+    step = 32 * 0.003 + ring_allreduce_seconds(n, 1e8, bw, lat)
+    assert estimate(job).samples_per_sec == pytest.approx(32 * n / step, rel=1e-12)
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_one_server_is_bound_by_its_service_rate(wire):
+    job = build_job(
+        options(
+            mode="async", servers=1, steps=400, sample_ms=0.01, batch_size=1, wire=wire
+        ),
+        gpus(8, bw=1e12, lat=0.0),
+        TINY,
+    )
+    service = 0.004 + 4000 * 2e-10  # the float32 master, whatever the wire
+    assert estimate(job).samples_per_sec == pytest.approx(1 / service, rel=1e-6)
+
+
+def test_a_bucket_filled_early_is_reduced_during_backward():
+    profile = Profile(**{**PROFILE.__dict__, "buckets": ((0.5, 0.5), (1.0, 0.5))})
+    bw = 1e10
+    half = (2 * 1 / 2 * 1e8) / 2 / bw
+    job = build_job(options(steps=1), gpus(2, bw, 0.0), profile)
+    step = 32 * 0.003 + half
+    assert estimate(job).samples_per_sec == pytest.approx(64 / step, rel=1e-12)
+
+
+def test_shared_cores_stretch_compute_and_copies():
+    job = build_job(options(steps=2), machine_cluster(PROFILE, 4, 0), PROFILE)
+    compute = 4 / 2 * 32 * 0.003
+    copies = 4 / 2 * (2 * 3 / 4 * 1e8) / 5e9
+    assert estimate(job).samples_per_sec == pytest.approx(
+        4 * 32 / (compute + copies), rel=1e-12
+    )
+    assert estimate(job).ideal_samples_per_sec == pytest.approx(2 / 0.003)
+
+
+def test_hybrid_is_never_above_its_ideal_and_servers_relieve_a_bottleneck():
+    common = dict(mode="hybrid", groups="each", sample_ms=0.05, batch_size=1)
+    one = estimate(build_job(options(**common, servers=1), gpus(8, 1e12, 0.0), TINY))
+    two = estimate(build_job(options(**common, servers=2), gpus(8, 1e12, 0.0), TINY))
+    assert one.samples_per_sec < two.samples_per_sec < two.ideal_samples_per_sec
+    assert one.server_wait_s > 0  # saturated: pushes queue
+
+
+# ------------------------------------------------------------------ the space
+def _three_types() -> ClusterSpec:
+    """Two kinds of GPU node and CPU nodes for servers, with prices (the
+    example cluster file)."""
+    return load_cluster("examples/clusters/three-speeds-priced.yaml")
+
+
+SMALL = Profile(**{**PROFILE.__dict__, "parameters": 2_000_000})
+
+
+def test_groups_spec_and_costs():
+    assert groups_spec([[0, 1, 2, 3], [4, 6], [5]]) == "0-3,4+6,5"
+    model = CostModel(_three_types(), SMALL)
+    hybrid = Candidate("hybrid", (1, 2), "split:2", 2, "cpu")
+    # 1 fast + 2 slow nodes, and 2 cpu nodes only for the two servers
+    assert model.cost_per_hour(hybrid) == 10 + 2 * 4 + 2 * 1
+    assert model.options(hybrid).groups == "0-2,3-5"
+    job = model.job(hybrid)
+    assert job.groups == [[0, 1, 2], [3, 4, 5]] and len(job.servers) == 2
+    on_slow = Candidate("hybrid", (1, 2), "device", 1, "slow")
+    assert model.cost_per_hour(on_slow) == 18
+    assert model.score(Candidate("hybrid", (1, 0), "split:2", 3, "slow")) is None
+    assert "no node of 'slow'" in model.error(
+        Candidate("hybrid", (1, 0), "split:2", 3, "slow")
+    )
+    with pytest.raises(ValueError, match="unknown grouping"):
+        Space(nodes=((1,),), groupings=("bogus",))
+
+
+def test_speed_batches_follow_speed():
+    model = CostModel(_three_types(), SMALL)
+    job = model.job(Candidate("sync", (1, 1), batches="speed"))
+    assert [w["batch"] for w in job.workers] == [43, 43, 21, 21]
+
+
+# ------------------------------------------------------- exact vs brute force
+@pytest.mark.parametrize(
+    "objective",
+    [
+        Objective("throughput"),
+        Objective("cost", 1000.0),
+        Objective("cost", 2000.0),
+        Objective("cost", 3000.0),
+    ],
+)
+def test_exact_search_finds_what_brute_force_finds(objective):
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    space = model.default_space()
+    exact = exact_search(model, space, objective)
+    brute = exact_search(CostModel(_three_types(), SMALL, batch_size=16), space,
+                         objective, prune=False)  # fmt: skip
+    assert brute.best is not None and exact.best is not None
+    assert objective.key(exact.score) == objective.key(brute.score)
+    assert exact.evaluated <= brute.evaluated
+    if objective.kind == "cost":
+        assert exact.score.samples_per_sec >= objective.min_samples_per_sec
+
+
+def test_pruning_skips_work_on_a_larger_space():
+    objective = Objective("cost", 2000.0)
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    exact = exact_search(model, model.default_space(), objective)
+    assert exact.pruned > 0
+    fresh = CostModel(_three_types(), SMALL, batch_size=16)
+    brute = exact_search(fresh, fresh.default_space(), objective, prune=False)
+    assert exact.evaluated < brute.evaluated
+
+
+def test_an_unreachable_rate_leaves_no_plan_but_names_the_fastest():
+    model = CostModel(_three_types(), SMALL)
+    result = exact_search(model, model.default_space(), Objective("cost", 1e9))
+    assert result.best is None
+    brute = exact_search(model, model.default_space(), Objective("throughput"))
+    assert result.fastest_score is None or (
+        result.fastest_score.samples_per_sec <= brute.score.samples_per_sec
+    )
+
+
+def test_objective_needs_its_rate():
+    with pytest.raises(ValueError, match="--min-samples-per-sec"):
+        Objective("cost")
+    with pytest.raises(ValueError, match="goes with --objective cost"):
+        Objective("throughput", 10.0)
+
+
+# ---------------------------------------------------------------- REINFORCE
+def test_reinforce_is_within_five_percent_of_exact_and_deterministic():
+    objective = Objective("cost", 3000.0)
+    space = CostModel(_three_types(), SMALL, batch_size=16).default_space()
+    exact = exact_search(
+        CostModel(_three_types(), SMALL, batch_size=16), space, objective
+    )
+    runs = [
+        reinforce_search(CostModel(_three_types(), SMALL, batch_size=16), space,
+                         objective, seed=3, rounds=60)
+        for _ in range(2)
+    ]  # fmt: skip
+    assert runs[0].best == runs[1].best  # the same seed, the same plan
+    assert runs[0].score is not None
+    assert runs[0].score.samples_per_sec >= 3000.0
+    gap = runs[0].score.cost_per_hour / exact.score.cost_per_hour - 1
+    assert gap <= 0.05
+
+
+# ------------------------------------------------------------- command line
+def _plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "plan", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def test_command_writes_a_plan_that_reads_back(tmp_path):
+    prof = save_profile(PROFILE, tmp_path / "p.json")
+    out, js = tmp_path / "plan.json", tmp_path / "pred.json"
+    done = _plan("--profile", str(prof), "-n", "5", "--slowdown", "2-3:4",
+                 "--sample-ms", "2", "--out", str(out), "--json", str(js))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(js.read_text())
+    for key in ("mode", "groups", "servers", "batch_sizes",
+                "predicted_samples_per_sec", "ideal_samples_per_sec", "cost_per_hour"):  # fmt: skip
+        assert key in data
+    plan = load_plan(out)
+    assert plan.workers == 5 and plan.ranks == 5 + plan.servers
+    assert sum(len(g) for g in plan.groups) == plan.workers
+    assert plan.predicted_samples_per_sec <= plan.ideal_samples_per_sec
+    # with batches by speed, a slowed rank (2, 3) never gets more than an
+    # unslowed one of its group
+    if plan.adaptive_batch:
+        for g in plan.groups:
+            slow = [plan.batch_sizes[r] for r in g if r in (2, 3)]
+            fast = [plan.batch_sizes[r] for r in g if r not in (2, 3)]
+            assert not slow or not fast or max(slow) <= min(fast)
+    assert "--mode" in data["train_args"]
+    if HAVE_SIMGRID:  # confirmed on the simulator (5 workers <= 64)
+        assert plan.simulated_samples_per_sec == pytest.approx(
+            plan.predicted_samples_per_sec, rel=0.25
+        )
+    assert "predicted samples/s" in done.stdout
+
+
+def test_command_refuses_bad_input_with_exit_2(tmp_path):
+    prof = save_profile(PROFILE, tmp_path / "p.json")
+    cost = _plan("--profile", str(prof), "-n", "4", "--objective", "cost")
+    assert cost.returncode == 2 and "--min-samples-per-sec" in cost.stderr
+    both = _plan("--profile", str(prof), "-n", "4", "--cluster", "x.yaml")
+    assert both.returncode == 2 and "--cluster FILE, or -n N" in both.stderr
+    far = _plan("--profile", str(prof), "--cluster",
+                "examples/clusters/four-workers-10g.yaml", "--objective", "cost",
+                "--min-samples-per-sec", "1e9", "--confirm-workers", "0")  # fmt: skip
+    assert far.returncode == 2 and "no configuration reaches" in far.stderr
+
+
+def test_bad_plan_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_plan(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not a hybridagg-plan file"):
+        load_plan(bad)
+    bad.write_text(
+        json.dumps({"format": "hybridagg-plan", "version": 1, "mode": "sync"})
+    )
+    with pytest.raises(ValueError, match="missing field"):
+        load_plan(bad)
+
+
+# ------------------------------------------------------------- train --plan
+def _train_config(argv: list[str]):
+    from hybridagg.cli import _given_flags, build_parser
+    from hybridagg.train.flags import config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.given_flags = _given_flags(parser, argv, args.cmd)
+    return config_from_args(args)
+
+
+def _hybrid_plan(tmp_path):
+    from hybridagg.sim.planfile import make_plan
+
+    model = CostModel(load_cluster("examples/clusters/three-speeds-priced.yaml"), SMALL)
+    c = Candidate("hybrid", (1, 1), "split:2", 1, "cpu", "speed")
+    return make_plan(model, c, model.score(c), objective="throughput",
+                     min_samples_per_sec=None, searcher="exact").save(tmp_path / "p.json")  # fmt: skip
+
+
+def test_train_takes_the_plan_and_refuses_conflicting_flags(tmp_path):
+    path = str(_hybrid_plan(tmp_path))
+    cfg = _train_config(["train", "--data", "d.h5", "--plan", path])
+    assert (cfg.mode, cfg.groups, cfg.servers) == ("hybrid", "0-1,2-3", 1)
+    assert cfg.adaptive_batch and cfg.batch_size == 32
+    # a flag that agrees with the plan is fine, even at its default value
+    same = _train_config(
+        ["train", "--data", "d.h5", "--plan", path, "--batch-size", "32"]
+    )
+    assert same == cfg
+    for flags, message in [
+        (["--mode", "sync"], "sets --mode to hybrid, but --mode sync"),
+        (["--servers", "2"], "sets --servers to 1, but --servers 2"),
+        (["--groups", "node"], "sets --groups to 0-1,2-3"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _train_config(["train", "--data", "d.h5", "--plan", path, *flags])
+
+
+def test_train_refuses_a_plan_for_another_number_of_ranks(tmp_path):
+    path = _hybrid_plan(tmp_path)  # 5 ranks: 4 workers and a server
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "train", "--data", "d.h5",
+         "--plan", str(path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "is for 5 ranks (mpiexec -n 5), but this job has 1" in done.stderr
+
+
+def test_command_profiles_a_model_on_the_spot(tmp_path):
+    out = tmp_path / "plan.json"
+    done = _plan("--model", "mlp", "--sample-shape", "64", "--classes", "10",
+                 "-n", "4", "--sample-ms", "1", "--slowdown", "3:3",
+                 "--confirm-workers", "0", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "not simulated (--confirm-workers 0)" in done.stdout
+    plan = load_plan(out)
+    # the slowed rank 3 (of 4 workers) gets the smallest batch when batches
+    # follow speed; either way the prediction stays below the ideal
+    assert plan.predicted_samples_per_sec <= plan.ideal_samples_per_sec
+    if plan.mode == "sync" and plan.adaptive_batch:
+        assert plan.batch_sizes[3] == min(plan.batch_sizes)
+    missing = _plan("--model", "mlp", "-n", "4")
+    assert missing.returncode == 2 and "--sample-shape and --classes" in missing.stderr
+
+
+# ------------------------------------------------------------ hybridagg-run
+def test_hybridagg_run_takes_the_plan(tmp_path):
+    from hybridagg.launcher import LaunchError, parse_options
+
+    path = str(_hybrid_plan(tmp_path))  # hybrid, groups 0-1,2-3, 1 server, 5 ranks
+    train = parse_options(["--plan", path, "hybridagg", "train", "--data", "d.h5"], {})
+    assert train.nranks == 5
+    assert train.command[-2:] == ("--plan", path)
+    assert train.mode is None  # train reads the plan itself
+    script = parse_options(["--plan", path, "python", "script.py"], {})
+    assert (script.nranks, script.mode, script.groups, script.servers) == (
+        5, "hybrid", "0-1,2-3", 1,
+    )  # fmt: skip
+    same = parse_options(
+        ["--plan", path, "-n", "5", "--servers", "1", "python", "script.py"], {}
+    )
+    assert same == script
+    for flags, message in [
+        (["-n", "4"], "is for 5 ranks"),
+        (["--mode", "sync"], "--mode sync: the plan"),
+        (["--groups", "node"], "--groups node: the plan"),
+    ]:
+        with pytest.raises(LaunchError, match=message):
+            parse_options(["--plan", path, *flags, "python", "s.py"], {})
+    with pytest.raises(LaunchError, match="does not exist"):
+        parse_options(["--plan", str(tmp_path / "none.json"), "python", "s.py"], {})

@@ -1,0 +1,377 @@
+"""hybridagg.sim: cluster and profile files, and the SimGrid simulator's closed forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from hybridagg.sim import (
+    ClusterSpec,
+    LinkSpec,
+    NodeType,
+    ServerPlacement,
+    build_job,
+    load_cluster,
+    load_profile,
+    ring_allreduce_seconds,
+    simulate,
+)
+from hybridagg.sim._simgrid import SimGridMissing, find_extension
+from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
+
+try:
+    find_extension()
+    HAVE_SIMGRID = True
+except SimGridMissing:
+    HAVE_SIMGRID = False
+needs_simgrid = pytest.mark.skipif(
+    not HAVE_SIMGRID, reason="SimGrid is not installed (make simgrid)"
+)
+
+PROFILE = Profile(
+    model="m",
+    parameters=25_000_000,
+    sample_shape=(3,),
+    forward_s_per_sample=0.001,
+    backward_s_per_sample=0.002,
+    parameter_bytes=1e8,
+    activation_bytes_per_sample=0.0,
+    server=ServerFit(seconds_per_update=0.004, seconds_per_byte=2e-10),
+    machine=MachineInfo(cores=2, memcpy_Bps=5e9),
+)
+
+
+def options(**kw):
+    base = dict(
+        mode="sync", groups=None, servers=None, batch_size=32, slowdown=None,
+        sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
+        max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
+        stream_push=False, staleness_bound=None,
+    )  # fmt: skip
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def gpus(n: int, bw: float = 1e9, lat: float = 1e-5, per_node: int = 2) -> ClusterSpec:
+    node = NodeType(name="g", count=1, devices=n)
+    return ClusterSpec(
+        name="t", node_types=(node,), intra_node=LinkSpec(bw, lat),
+        inter_node=LinkSpec(bw, lat), servers=ServerPlacement(("g",), per_node),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ files
+def test_example_clusters_load():
+    big = load_cluster("examples/clusters/two-generation-1024.yaml")
+    assert big.num_devices == 1024
+    assert big.inter_node.bandwidth == 25e9 / 8
+    assert big.intra_node.bandwidth == 100e9 / 8
+    assert big.scaled(64).num_devices == 64
+    assert load_cluster("examples/clusters/four-workers-10g.yaml").num_devices == 4
+    assert load_cluster("examples/clusters/this-machine.yaml").node_types[0].cores == 2
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("links: {}\nnode_types: []", "links.intra_node: missing"),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: fast}}\n"
+            "node_types: [{name: a, count: 1, devices: 1}]",
+            "links.inter_node.bandwidth",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 0, devices: 1}]",
+            "node_types[0] (a).count: must be an integer >= 1",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 1, devices: 1, sped: 2}]",
+            "unknown field(s) sped",
+        ),
+        (
+            "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+            "node_types: [{name: a, count: 1, devices: 1}]\nservers: {node_types: [b]}",
+            "servers.node_types names ['b']",
+        ),
+        ("links: [", "is not valid YAML"),
+    ],
+)
+def test_bad_cluster_files_are_refused_naming_file_and_field(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_cluster(path)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_profile_round_trip_and_bad_profiles(tmp_path):
+    path = save_profile(PROFILE, tmp_path / "p.json")
+    assert load_profile(path) == PROFILE
+    data = json.loads(path.read_text())
+    data["server"]["seconds_per_byte"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"server\.seconds_per_byte must be >= 0"):
+        load_profile(path)
+    data["format"] = "other"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not a profile file"):
+        load_profile(path)
+
+
+def test_groups_and_servers_must_fit():
+    with pytest.raises(ValueError, match="do not fit the cluster's server placement"):
+        build_job(options(mode="hybrid", servers=3), gpus(4, per_node=2), PROFILE)
+    with pytest.raises(ValueError, match="workers"):
+        build_job(options(mode="hybrid", groups="0-1,2-5"), gpus(4), PROFILE)
+
+
+def test_adaptive_batches_follow_speed():
+    job = build_job(options(adaptive_batch=True, slowdown="2-3:3"), gpus(4), PROFILE)
+    assert [w["batch"] for w in job.workers] == [48, 48, 16, 16]
+
+
+# --------------------------------------------------------------- simulator
+@needs_simgrid
+@pytest.mark.parametrize("n", [2, 8])
+def test_sync_step_is_compute_plus_closed_form_ring(n):
+    bw, lat = 1e9, 1e-5
+    prediction = simulate(build_job(options(steps=3), gpus(n, bw, lat), PROFILE))
+    ring = ring_allreduce_seconds(n, 1e8, bw, lat)
+    assert prediction.time_s == pytest.approx(3 * (32 * 0.003 + ring), rel=1e-9)
+    assert prediction.samples == 3 * 32 * n
+
+
+@needs_simgrid
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_one_server_is_bound_by_its_service_rate(wire):
+    # 8 async workers, each pushing far faster than one server serves: the
+    # server's service time sets the rate (transfers are tiny)
+    profile = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+    job = build_job(
+        options(
+            mode="async", servers=1, steps=400, sample_ms=0.01, batch_size=1, wire=wire
+        ),
+        gpus(8, bw=1e12, lat=0.0),
+        profile,
+    )
+    prediction = simulate(job)
+    service = 0.004 + 4000 * 2e-10  # the float32 master, whatever the wire
+    assert prediction.updates == 400
+    assert prediction.time_s == pytest.approx(400 * service, rel=1e-3)
+    assert prediction.mean_staleness > 5
+
+
+@needs_simgrid
+def test_command_line_prediction_and_missing_cluster(tmp_path):
+    prof = save_profile(PROFILE, tmp_path / "p.json")
+    out = tmp_path / "pred.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--cluster", "examples/clusters/four-workers-10g.yaml", "--mode", "hybrid",
+         "--groups", "0-1,2-3", "--steps", "10", "--sample-ms", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["updates"] == 10
+    assert 0 < result["samples_per_sec"] < result["ideal_samples_per_sec"]
+    assert len(result["group_update_s"]) == 2
+    here = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--ranks", "3", "--mode", "sync", "--epochs", "2", "--samples", "640",
+         "--batch-size", "32", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert here.returncode == 0, here.stderr
+    result = json.loads(out.read_text())
+    assert result["cluster"] == "this machine (profiled)"
+    assert result["workers"] == 3 and result["servers"] == 0
+    assert result["samples"] >= 2 * 640 > result["samples"] - 3 * 32
+    bad = subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "simulate", "--profile", str(prof),
+         "--cluster", str(tmp_path / "none.yaml"), "--steps", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "does not exist" in bad.stderr
+
+
+@needs_simgrid
+def test_two_generation_1024_prediction_completes(tmp_path):
+    cluster = load_cluster("examples/clusters/two-generation-1024.yaml")
+    job = build_job(options(steps=2), cluster, PROFILE)
+    prediction = simulate(job, timeout=120)
+    assert len(job.workers) == 1024
+    assert prediction.updates == 2
+    # the fast half runs at twice the profiled rate
+    assert prediction.ideal_samples_per_sec == pytest.approx(512 / 0.003 * 3)
+    assert prediction.samples_per_sec < prediction.ideal_samples_per_sec
+
+
+@needs_simgrid
+def test_staleness_bound_holds_the_fast_group_to_the_slow_ones_pace():
+    cluster = gpus(4, bw=1e12, lat=0.0)
+    tiny = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+    common = dict(
+        mode="hybrid", groups="0-1,2-3", steps=60, sample_ms=1.0, slowdown="2-3:4"
+    )
+    free = simulate(build_job(options(**common), cluster, tiny))
+    bound = simulate(build_job(options(**common, staleness_bound=0), cluster, tiny))
+    fast_free, slow_free = free.group_update_s
+    fast_bound, slow_bound = bound.group_update_s
+    assert fast_free < slow_free / 3  # unbounded: the fast group runs ahead
+    assert fast_bound == pytest.approx(slow_bound, rel=0.05)  # bound 0: lockstep
+    assert bound.samples_per_sec < free.samples_per_sec
+
+
+def test_unmodelled_options_are_refused():
+    with pytest.raises(ValueError, match="does not model --stream-push"):
+        build_job(options(mode="hybrid", stream_push=True), gpus(4), PROFILE)
+
+
+def test_simulate_takes_every_train_flag_and_its_own():
+    from hybridagg.train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+    from hybridagg.train.flags import option_strings
+
+    train = set(option_strings())
+    sim = set(option_strings(SimulateConfig, SIMULATE_CONCERNS))
+    assert train <= sim
+    assert sim - train == {
+        "--cluster", "--json", "--profile", "--ranks", "--samples", "--sim-timeout",
+    }  # fmt: skip
+
+
+def test_profile_measures_a_model_and_the_simulator_reads_it(tmp_path):
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--batch-size", "16", "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    profile = load_profile(out)
+    assert profile.parameters > 0 and profile.sample_seconds > 0
+    assert profile.layers and sum(layer.flops for layer in profile.layers) > 0
+    assert profile.allreduce is None  # one rank: nothing to fit
+    assert profile.machine.memcpy_Bps > 0
+    assert profile.server.seconds_per_byte > 0
+    assert main(["profile", "--model", "mlp", "--out", str(out)]) == 2
+
+
+@needs_simgrid
+def test_shared_cores_run_compute_and_copies_at_their_share():
+    # this machine as profiled: 4 ranks on 2 cores, transfers are copies
+    from hybridagg.sim import machine_cluster
+
+    job = build_job(options(steps=2), machine_cluster(PROFILE, 4, 0), PROFILE)
+    prediction = simulate(job)
+    compute = 4 / 2 * 32 * 0.003  # four batches on two cores
+    copies = 4 / 2 * (2 * 3 / 4 * 1e8) / 5e9  # every rank's ring hop, copied
+    assert prediction.time_s == pytest.approx(2 * (compute + copies), rel=1e-9)
+    assert prediction.ideal_samples_per_sec == pytest.approx(2 / 0.003)
+
+
+def test_ideal_is_time_averaged_over_the_slowdown_schedule():
+    job = build_job(
+        options(sample_ms=1.0, slowdown="0-1:1@0;0-1:3@10"), gpus(2), PROFILE
+    )
+    assert job.ideal_samples_per_sec(20.0) == pytest.approx((2000 + 2000 / 3) / 2)
+
+
+@pytest.mark.mpi(ranks=2, timeout=240)
+def test_profile_under_mpiexec_fits_the_group_allreduce(tmp_path):
+    from mpi4py import MPI
+
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        fit = load_profile(out).allreduce
+        assert fit is not None and fit.ranks == 2
+        assert len(fit.points) == 3 and fit.bandwidth_Bps > 0
+        # the fit reproduces the largest measured size within a factor of 2
+        nbytes, seconds = fit.points[-1]
+        assert 0.5 < fit.seconds(nbytes, 2) / seconds < 2
+    else:
+        assert not out.exists()
+
+
+@needs_simgrid
+def test_a_bucket_filled_early_is_reduced_during_backward():
+    # two buckets: half the gradient full at half of backward, the rest at its end
+    profile = Profile(**{**PROFILE.__dict__, "buckets": ((0.5, 0.5), (1.0, 0.5))})
+    bw = 1e10
+    forward, backward = 32 * 0.001, 32 * 0.002
+    half = (2 * 1 / 2 * 1e8) / 2 / bw  # one bucket's share of the ring link
+    assert half < backward / 2  # the first bucket is done before backward ends
+    overlapped = simulate(build_job(options(steps=1), gpus(2, bw, 0.0), profile))
+    assert overlapped.time_s == pytest.approx(forward + backward + half, rel=1e-9)
+    whole = simulate(build_job(options(steps=1), gpus(2, bw, 0.0), PROFILE))
+    assert whole.time_s == pytest.approx(forward + backward + 2 * half, rel=1e-9)
+
+
+def test_bucket_schedule_follows_backward_order():
+    import torch
+
+    from hybridagg.train.pacing import module_costs
+    from hybridagg.train.profiler import bucket_schedule
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 4096)
+    )
+    costs = module_costs(model, torch.zeros(1, 64))
+    # buckets of 16 MiB: the last layer's 32 MiB of weights fill two first
+    schedule = bucket_schedule(model, costs, bucket_bytes=16 << 20)
+    assert sum(share for _, share in schedule) == pytest.approx(1.0)
+    first_ready = costs["2"] / sum(costs.values())
+    assert schedule[0][0] == pytest.approx(first_ready)
+    assert schedule[-1][0] == pytest.approx(1.0)
+
+
+def test_train_help_keeps_its_own_descriptions():
+    import argparse
+
+    from hybridagg.train.config.simulation import PROFILE_CONCERNS, ProfileConfig
+    from hybridagg.train.flags import add_arguments
+
+    def help_of(config=None, concerns=None, dest="data"):
+        p = argparse.ArgumentParser()
+        add_arguments(p, *(() if config is None else (config, concerns)))
+        return next(a.help for a in p._actions if a.dest == dest)
+
+    assert help_of() == "HDF5 file from 'hybridagg convert'"
+    assert "sample shape" in help_of(ProfileConfig, PROFILE_CONCERNS)
+
+
+def test_a_node_type_may_bring_its_own_profile(tmp_path):
+    slow = Profile(**{**PROFILE.__dict__, "forward_s_per_sample": 0.004})
+    save_profile(slow, tmp_path / "old-gpu.json")
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "links: {intra_node: {bandwidth: 1GB/s}, inter_node: {bandwidth: 1GB/s}}\n"
+        "node_types:\n"
+        "  - {name: new, count: 1, devices: 2, speed: 2.0}\n"
+        "  - {name: old, count: 1, devices: 2, profile: old-gpu.json}\n"
+    )
+    job = build_job(options(), load_cluster(path), PROFILE)
+    assert [job.compute_seconds(r, 1) for r in range(4)] == pytest.approx(
+        [0.0015, 0.0015, 0.006, 0.006]
+    )
+    path.write_text(path.read_text().replace("old-gpu", "missing"))
+    with pytest.raises(
+        ValueError, match=r"node_types\[1\] \(old\)\.profile: .* does not exist"
+    ):
+        load_cluster(path)
