@@ -21,6 +21,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import os
@@ -181,10 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
         "per hour that reaches a rate; SimGrid confirms the choice.",
     )
     add_arguments(plan, PlanConfig, PLAN_CONCERNS)
-    workers = next(a for a in plan._actions if a.dest == "workers")
-    workers.option_strings.insert(0, "-n")  # the emulation's workers, short
-    plan._option_string_actions["-n"] = workers
     return parser
+
+
+def _configured() -> dict[str, tuple[type, tuple[type, ...]]]:
+    """The commands whose flags are a configuration's fields: its class and concerns."""
+    from .train.config import CONCERNS, TrainConfig
+    from .train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+
+    return {
+        "train": (TrainConfig, CONCERNS),
+        "simulate": (SimulateConfig, SIMULATE_CONCERNS),
+    }
 
 
 _CONVERT_INPUTS = {
@@ -442,6 +451,37 @@ _ERROR_GRACE_S = 2.0
 _log = logging.getLogger("hybridagg.train")
 
 
+def _refuse_options(rank: int, say) -> int:
+    """A bad option, found on every rank before MPI starts: rank 0 ``say()``s
+    why; every rank exits 2."""
+    if rank == 0:
+        say()
+    else:
+        # The launcher ends the whole job at the first non-zero exit; give
+        # rank 0 (maybe started later) the time to print the message.
+        time.sleep(_ERROR_GRACE_S)
+    return 2
+
+
+def _agreed_or_abort(exc: BaseException, say) -> int:
+    """An error met under MPI: exit 2 where every rank raised it, else abort.
+
+    An error :meth:`hybridagg.comm.Comm.check` raised is the same on every
+    rank (``[rank R] ...``): rank 0 ``say()``s it and every rank exits 2. Any
+    other is this rank's alone, while its peers may wait for it: it says so
+    and aborts the job (exit 2), never a hang.
+    """
+    from mpi4py import MPI
+
+    agreed = str(exc).startswith("[rank ")  # raised on every rank by Comm.check
+    if MPI.COMM_WORLD.Get_rank() == 0 or not agreed:
+        say()
+    if not agreed:
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(2)
+    return 2
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     """Run ``hybridagg train``: one clear message and exit 2 on bad input, every rank.
 
@@ -464,13 +504,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if cfg.plan:
             _check_plan_size(cfg.plan)
     except ValueError as exc:  # the same verdict on every rank, before MPI starts
-        if rank == 0:
-            _log.error("hybridagg train: error: %s", exc)
-        else:
-            # The launcher ends the whole job at the first non-zero exit; give
-            # rank 0 (maybe started later) the time to print the message.
-            time.sleep(_ERROR_GRACE_S)
-        return 2
+        return _refuse_options(
+            rank, functools.partial(_log.error, "hybridagg train: error: %s", exc)
+        )
     from .comm import CommTimeoutError, RemoteError
     from .runtime.outcomes import ExitCode, NonFiniteError
     from .train.driver import run
@@ -507,15 +543,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(int(exc.exit_code))
     except (ValueError, TypeError, OSError, RemoteError) as exc:
-        from mpi4py import MPI
-
-        agreed = str(exc).startswith("[rank ")  # raised on every rank by Comm.check
-        rank = MPI.COMM_WORLD.Get_rank()
-        if rank == 0 or not agreed:
-            _log.error("hybridagg train: error: %s", exc, extra=_ANY_RANK)
-        if not agreed:
-            MPI.COMM_WORLD.Abort(2)
-        return 2
+        return _agreed_or_abort(
+            exc,
+            functools.partial(
+                _log.error, "hybridagg train: error: %s", exc, extra=_ANY_RANK
+            ),
+        )
     except Exception as exc:
         _end_if_peer_failed(exc)
         raise
@@ -560,7 +593,7 @@ def _stopped_together(message: str) -> None:
     world.free()
 
 
-def _end_if_peer_failed(exc: BaseException) -> None:
+def _end_if_peer_failed(exc: BaseException, program: str = "hybridagg train") -> None:
     """A dead or stuck peer (the heartbeat's verdict, or MPI's): exit 5, one message.
 
     Other errors return, to reach the abort hook with their traceback.
@@ -569,7 +602,7 @@ def _end_if_peer_failed(exc: BaseException) -> None:
 
     failure = peer_failure_of(exc)
     if failure is not None:
-        end_on_peer_failure(failure, program="hybridagg train")
+        end_on_peer_failure(failure, program=program)
 
 
 _COMMANDS["train"] = _cmd_train
@@ -656,63 +689,75 @@ _COMMANDS["simulate"] = _cmd_simulate
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    """Run ``hybridagg profile`` (on one rank, or every rank of an MPI job)."""
-    from .runtime.outcomes import ExitCode
+    """Run ``hybridagg profile`` (one process, or every rank of an MPI job).
+
+    As ``hybridagg train``: a bad option is one message (rank 0's) and exit 2
+    on every rank before MPI starts; under MPI a bad model, data file or
+    device is the same error on every rank (exit 2), a stuck peer aborts
+    the job (exit 5), and rank 0's measuring is a declared solo phase
+    (:mod:`hybridagg.train.profiling`).
+    """
+    from .runtime import envvars
+    from .runtime.launchenv import launch_env
     from .train.config.simulation import ProfileConfig
     from .train.flags import config_from_args
 
+    rank = _launch_rank()
     try:
         cfg = config_from_args(args, ProfileConfig)
-        if cfg.data is not None:
-            from .data.format import inspect_split, open_file
+        envvars.check_all()
+    except ValueError as exc:  # the same verdict on every rank
+        return _refuse_options(rank, functools.partial(_say, "profile", exc))
+    from .comm import CommTimeoutError, RemoteError
+    from .train.profiling import run_profile
 
-            with open_file(cfg.data) as f:
-                info = inspect_split(f, "train", path=cfg.data)
-            shape, classes = tuple(info.sample_shape), int(info.num_classes)
-        else:
-            shape, classes = cfg.parsed_shape(), int(cfg.classes)
-        import torch
-
-        from .train.models import build_model
-
-        torch.manual_seed(0)
-        model = build_model(cfg.model, shape, classes)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"hybridagg profile: error: {exc}", file=sys.stderr)
-        return int(ExitCode.BAD_INPUT)
-    from .comm import Comm, configure_threads
-    from .runtime.launchenv import launch_env
-    from .sim.profile import save_profile
-    from .train.profiler import profile_model
-
-    configure_threads()  # a rank's threads in a run (one unless set)
-    comm = None
-    if (launch_env().size or 1) > 1:  # under mpiexec: the all-reduce too
-        comm = Comm(name="profile")
+    under_mpi = (launch_env().size or 1) > 1
     try:
-        result = profile_model(
-            model, cfg.model, shape, cfg.batch_size, cfg, reps=cfg.reps, comm=comm
-        )
-    finally:
-        if comm is not None:
-            comm.free()
+        result = run_profile(cfg)
+    except CommTimeoutError as exc:  # (an OSError) no bad input: a stuck peer
+        from mpi4py import MPI
+
+        _say("profile", f"{exc}; aborting the job")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(int(exc.exit_code))
+    except (ValueError, TypeError, OSError, RemoteError) as exc:
+        if not under_mpi:
+            _say("profile", exc)
+            return 2
+        return _agreed_or_abort(exc, functools.partial(_say, "profile", exc))
+    except Exception as exc:
+        if under_mpi:
+            _end_if_peer_failed(exc, program="hybridagg profile")
+        raise
     if result is not None:
-        save_profile(result, cfg.out)
-        ar = result.allreduce
-        print(
-            f"wrote {cfg.out}: {result.parameters} parameters, "
-            f"{result.sample_seconds * 1e3:.3f} ms per sample (forward and "
-            f"backward), server {result.server.seconds_per_update * 1e3:.3f} ms "
-            f"+ {result.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
-            f"{result.machine.memcpy_Bps / 1e9:.2f} GB/s"
-            + (
-                f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
-                f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
-                if ar
-                else ""
-            )
-        )
+        print(f"wrote {cfg.out}: {_profile_summary(result)}")
     return 0
+
+
+def _say(command: str, exc: BaseException | str) -> None:
+    """``hybridagg COMMAND: error: ...`` on stderr."""
+    print(f"hybridagg {command}: error: {exc}", file=sys.stderr, flush=True)
+
+
+def _profile_summary(result) -> str:
+    """One line of what a profile measured."""
+    ar = result.allreduce
+    where = result.machine.device + (
+        f", --amp {result.machine.amp}" if result.machine.amp != "none" else ""
+    )
+    return (
+        f"{result.parameters} parameters, {result.sample_seconds * 1e3:.3f} ms "
+        f"per sample (forward and backward, on {where}), server "
+        f"{result.server.seconds_per_update * 1e3:.3f} ms + "
+        f"{result.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
+        f"{result.machine.memcpy_Bps / 1e9:.2f} GB/s"
+        + (
+            f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
+            f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
+            if ar
+            else ""
+        )
+    )
 
 
 _COMMANDS["profile"] = _cmd_profile
@@ -777,28 +822,26 @@ def _shorten(text: str, limit: int = 160) -> str:
 
 
 def _profile_here(cfg):
-    """``hybridagg plan --model NAME``: profile the model on this process."""
-    import torch
-
+    """``hybridagg plan --model NAME``: profile the model in this process, its
+    servers timed with the optimizer the plan's flags name."""
     from .train.config.simulation import ProfileConfig
-    from .train.models import build_model
-    from .train.profiler import profile_model
+    from .train.profiling import profile_here
 
-    pcfg = ProfileConfig(
-        out="-", model=cfg.model, data=cfg.data, sample_shape=cfg.sample_shape,
-        classes=cfg.classes, batch_size=cfg.batch_size, reps=3,
-    )  # fmt: skip
-    if pcfg.data is not None:
-        from .data.format import inspect_split, open_file
-
-        with open_file(pcfg.data) as f:
-            info = inspect_split(f, "train", path=pcfg.data)
-        shape, classes = tuple(info.sample_shape), int(info.num_classes)
-    else:
-        shape, classes = pcfg.parsed_shape(), int(pcfg.classes)
-    torch.manual_seed(0)
-    model = build_model(pcfg.model, shape, classes)
-    return profile_model(model, pcfg.model, shape, pcfg.batch_size, pcfg, reps=3)
+    return profile_here(
+        ProfileConfig(
+            out="-",
+            model=cfg.model,
+            data=cfg.data,
+            sample_shape=cfg.sample_shape,
+            classes=cfg.classes,
+            batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            reps=3,
+        )
+    )
 
 
 _COMMANDS["plan"] = _cmd_plan
@@ -806,31 +849,18 @@ _COMMANDS["plan"] = _cmd_plan
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hybridagg`` command."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "plan", None) and args.cmd in ("train", "simulate"):
-        args.given_flags = _given_flags(parser, argv, args.cmd)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    if getattr(args, "plan", None) and args.cmd in _configured():
+        from .train.flags import given_fields
+
+        # --plan must know which flags were given, even at their defaults;
+        # the command's own flags follow its name (the top-level parser
+        # has none but --help and --version, which exit)
+        config, concerns = _configured()[args.cmd]
+        rest = argv[argv.index(args.cmd) + 1 :]
+        args.given_flags = given_fields(rest, config, concerns)
     return _COMMANDS[args.cmd](args)
-
-
-def _given_flags(
-    parser: argparse.ArgumentParser, argv: list[str] | None, cmd: str
-) -> set[str]:
-    """The fields of ``cmd`` given on the command line (``--plan`` must know
-    which flags the user set, whatever their value): ``argv`` parsed again
-    with every default of ``cmd``'s parser suppressed."""
-    sub = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    ).choices[cmd]
-    saved = [(a, a.default) for a in sub._actions]
-    for action, _ in saved:
-        action.default = argparse.SUPPRESS
-    try:
-        given = vars(parser.parse_args(argv))
-    finally:
-        for action, default in saved:
-            action.default = default
-    return set(given) - {"cmd"}
 
 
 if __name__ == "__main__":

@@ -253,12 +253,11 @@ def test_bad_plan_files_are_refused(tmp_path):
 
 # ------------------------------------------------------------- train --plan
 def _train_config(argv: list[str]):
-    from hybridagg.cli import _given_flags, build_parser
-    from hybridagg.train.flags import config_from_args
+    from hybridagg.cli import build_parser
+    from hybridagg.train.flags import config_from_args, given_fields
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.given_flags = _given_flags(parser, argv, args.cmd)
+    args = build_parser().parse_args(argv)
+    args.given_flags = given_fields(argv[1:])
     return config_from_args(args)
 
 

@@ -11,6 +11,7 @@ speed and rounding, not the update's arithmetic. Figures: bench/RESULTS.md.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -68,9 +69,24 @@ def build_optimizer(
         }
         for g in groups
     ]
+    # keep the keywords cls takes: torch 2.13's AdamW lists
+    # decoupled_weight_decay in its defaults (inherited from Adam) but its
+    # constructor refuses it (the groups keep every setting)
+    defaults = _accepted(cls, defaults)
     try:
         return cls(fast, **one_pass_settings(defaults))
     except (RuntimeError, TypeError, ValueError):
         # torch refuses fused for some dtypes and devices (and a user's
         # subclass may not take the keyword): the user's own settings then
         return cls(groups, **defaults)
+
+
+def _accepted(cls: type, settings: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``settings`` that ``cls``'s constructor takes as keywords."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):  # no signature to read: pass them all
+        return dict(settings)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(settings)
+    return {k: v for k, v in settings.items() if k in params}

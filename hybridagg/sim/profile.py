@@ -14,7 +14,8 @@ Every figure is in seconds, bytes or bytes per second:
   sizes), ``None`` when measured with one rank;
 * ``server``: a server's seconds per update and per byte of its shard;
 * ``machine``: the profiled machine (cores, one core's memory-copy
-  bandwidth), which is also the default cluster of ``hybridagg simulate``.
+  bandwidth, the device and ``--amp`` precision the compute was timed in),
+  which is also the default cluster of ``hybridagg simulate``.
 
 Calibrated parameters (fitted on microbenchmarks) belong in the same file,
 so that a prediction names every number it used.
@@ -38,6 +39,8 @@ __all__ = [
     "load_profile",
     "save_profile",
 ]
+
+AMP_MODES = ("none", "bf16", "fp16")  # hybridagg train's --amp (a layer above)
 
 FORMAT = "hybridagg-profile"
 VERSION = 1
@@ -104,6 +107,9 @@ class MachineInfo:
     memcpy_Bps: float
     """one core's memory-copy bandwidth"""
     device: str = "cpu"
+    """the device the compute was timed on (``cpu``, ``cuda:0``)"""
+    amp: str = "none"
+    """the autocast precision the forward was timed in (``--amp``)"""
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,14 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     tmp.write_text(json.dumps(profile.as_dict(), indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def _amp(value: Any, where: str) -> str:
+    if value not in AMP_MODES:
+        raise ValueError(
+            f"{where}amp must be one of {', '.join(AMP_MODES)}, got {value!r}"
+        )
+    return value
 
 
 def _points(where: str, data: Any) -> tuple[tuple[float, float], ...]:
@@ -247,6 +261,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
             _need(mach, "memcpy_Bps", f"{where}machine."),
         ),
         device=str(mach.get("device", "cpu")),
+        amp=_amp(mach.get("amp", "none"), f"{where}machine."),
     )
     ar = _section(data, "allreduce", where, optional=True)
     allreduce = None

@@ -13,7 +13,8 @@ default, a type or a description lives in one place:
   in the help unless it is ``None`` or a switch's;
 * the help is the first paragraph of the field's docstring (``metadata["help"]``
   when it must be computed); a ``--no-NAME`` switch says "turn off" before it;
-* ``metadata["choices"]`` become the flag's choices;
+* ``metadata["choices"]`` become the flag's choices; ``metadata["short"]``
+  (``option(short="-n")``) a one-letter alias beside the long flag;
 * each concern's ``help_group`` is its group in ``--help``.
 
 Plain ``argparse`` rather than a library that builds parsers from dataclasses
@@ -32,13 +33,20 @@ import inspect
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
 from .config.simulation import PLAN_CONCERNS, PROFILE_CONCERNS, SIMULATE_CONCERNS
 
-__all__ = ["add_arguments", "config_from_args", "field_docs", "option_strings"]
+__all__ = [
+    "add_arguments",
+    "config_from_args",
+    "field_docs",
+    "given_fields",
+    "option_strings",
+]
 
 
 @functools.cache
@@ -99,9 +107,14 @@ def _value_type(hint: Any) -> type | None:
 
 
 def _add(group: argparse._ArgumentGroup, f: Field, hint: Any, owner: type) -> None:
+    names = [f.metadata["short"]] if "short" in f.metadata else []
+    # a parser built with argument_default=SUPPRESS (given_fields) keeps it:
+    # a default passed here would win over it
+    suppress = group.argument_default is argparse.SUPPRESS
     if hint is bool:  # a switch that turns the default around
         name = "--no-" + flag(f.name)[2:] if f.default else flag(f.name)
         group.add_argument(
+            *names,
             name,
             dest=f.name,
             action="store_false" if f.default else "store_true",
@@ -111,14 +124,14 @@ def _add(group: argparse._ArgumentGroup, f: Field, hint: Any, owner: type) -> No
     kwargs: dict[str, Any] = {"dest": f.name, "help": _help(f, owner, switch=False)}
     if f.default is MISSING:
         kwargs["required"] = True
-    else:
+    elif not suppress:
         kwargs["default"] = f.default
     value_type = _value_type(hint)
     if value_type is not None:
         kwargs["type"] = value_type
     if "choices" in f.metadata:
         kwargs["choices"] = f.metadata["choices"]
-    group.add_argument(flag(f.name), **kwargs)
+    group.add_argument(*names, flag(f.name), **kwargs)
 
 
 def add_arguments(
@@ -160,13 +173,37 @@ def option_strings(
     return sorted(s for a in p._actions for s in a.option_strings)
 
 
+def given_fields(
+    argv: Sequence[str],
+    config: type = TrainConfig,
+    concerns: tuple[type, ...] = CONCERNS,
+) -> set[str]:
+    """The fields whose flags ``argv`` gives, whatever their values.
+
+    ``--plan`` must know which flags the user set, even to their defaults
+    (``--batch-size 32`` against a plan of 64 is a conflict): ``argv`` is
+    parsed again by a second parser of the same flags built with
+    ``argument_default=SUPPRESS``, so only what is given lands in the result.
+
+    Args:
+        argv: One command's arguments (after ``train`` or ``simulate``),
+            already accepted by that command's own parser.
+        config: The command's configuration class.
+        concerns: Its concerns (as :func:`add_arguments` takes them).
+    """
+    p = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    add_arguments(p, config, concerns)
+    return set(vars(p.parse_args(list(argv))))
+
+
 def config_from_args(args: argparse.Namespace, config: type = TrainConfig) -> Any:
     """Build and validate a :class:`TrainConfig` (or ``config``) from parsed arguments.
 
     With ``--plan FILE`` the plan's settings are applied first
     (:func:`~.config.planned.apply_plan`); the flags given on the command
-    line are ``args.given_flags`` (set by ``hybridagg.cli.main``; without it
-    a field counts as given when it differs from its default).
+    line are ``args.given_flags`` (set by ``hybridagg.cli.main`` with
+    :func:`given_fields`; without it a field counts as given when it differs
+    from its default).
 
     Raises:
         ValueError: A bad value, naming its flag, or one that conflicts with

@@ -1,10 +1,15 @@
 """``hybridagg profile``: measure what a model needs here, for ``hybridagg simulate``.
 
-Measured on this machine (rank 0, while the others wait in a polled
-barrier), then written as a :class:`hybridagg.sim.profile.Profile`:
+The measurements (:mod:`.profiling` runs them: rank 0 in a declared solo
+phase, then every rank for the all-reduce), written as a
+:class:`hybridagg.sim.profile.Profile`:
 
 * compute: the model's forward and backward on a batch of zeros (training
-  mode), the median of ``reps`` timed passes after a warm-up, per sample;
+  mode) on the device ``--device`` names (:func:`compute_device`; CUDA is
+  synchronised before each reading of the clock, since kernels return
+  before they finish), forward under ``--amp``'s autocast as in a run
+  (:class:`~hybridagg.train.precision.Precision`), the median of ``reps``
+  timed passes after a warm-up, per sample;
   each layer's share by its own floating-point operations
   (:func:`hybridagg.train.pacing.module_costs`, the pacer's rule: a layer's
   backward costs twice its forward), so the per-layer seconds are the
@@ -16,7 +21,10 @@ barrier), then written as a :class:`hybridagg.sim.profile.Profile`:
 * memory: parameter bytes, and activation bytes per sample (every module's
   output on that batch, summed, over the batch);
 * a server's update: :class:`hybridagg.ps.store.ShardStore` stepping the
-  run's optimizer over shards of several sizes, fitted to
+  run's optimizer (built by the run's factory,
+  :func:`~hybridagg.train.common.make_optimizer`, and handed over as a run's
+  leader hands it to its servers, :func:`hybridagg.ps.spec.server_specs`)
+  over shards of several sizes on the CPU, fitted to
   ``seconds = per_update + bytes x per_byte`` (least squares);
 * one core's memory-copy bandwidth (``torch`` copy of 64 MiB, best of reps);
 * with more than one rank (``mpiexec -n N hybridagg profile``): the group
@@ -37,20 +45,45 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..sim.profile import AllreduceFit, LayerCost, MachineInfo, Profile, ServerFit
+from ..devices import probe_plan, resolve_device_spec
+from ..sim.profile import LayerCost, MachineInfo, Profile, ServerFit
+from .common import make_optimizer
 from .config import OptimOptions
 from .pacing import module_costs
 
 __all__ = [
+    "ALLREDUCE_SIZES",
+    "SERVER_SIZES",
     "bucket_schedule",
+    "compute_device",
     "fit_line",
     "measure_allreduce",
     "measure_compute",
     "measure_memcpy",
     "measure_server",
+    "profile_model",
 ]
 
-_BACKWARD_TIMES_FORWARD = 2.0  # the pacer's rule (hybridagg.train.pacing)
+SERVER_SIZES = (1 << 16, 1 << 20, 1 << 22)
+"""Elements of the shards a server's update is timed on (256 KiB to 16 MiB)."""
+
+ALLREDUCE_SIZES = (1 << 18, 1 << 22, 1 << 25)
+"""Bytes the group all-reduce is timed at (256 KiB to 32 MiB)."""
+
+
+def compute_device(spec: str, local_rank: int, cuda_count: int) -> tuple[str, bool]:
+    """Where the compute is timed for ``--device spec``, and whether to synchronise (pure).
+
+    The device as :func:`hybridagg.devices.resolve_device_spec` resolves it
+    for a rank of a run; CUDA is synchronised before each reading of the
+    clock (:func:`hybridagg.devices.probe_plan`'s rule, as the speed probe
+    does).
+
+    Raises:
+        ValueError: A bad spelling, or ``cuda`` where this process sees no GPU.
+    """
+    device = resolve_device_spec(spec, local_rank, cuda_count)
+    return device, probe_plan(device).synchronize
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -67,21 +100,55 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return max(float(a), 0.0), max(float(b), 0.0)
 
 
-def _timed(fn, reps: int) -> float:
-    fn()  # warm-up: allocations, lazy initialisation
+def _timed(fn, reps: int, sync=None) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs after a warm-up; ``sync``
+    (CUDA's) is called before each reading of the clock."""
+    sync = sync or (lambda: None)
+    fn()  # warm-up: allocations, lazy initialisation, CUDA's kernels loaded
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def measure_compute(
-    model: nn.Module, sample_shape: tuple[int, ...], batch: int, reps: int
+    model: nn.Module,
+    sample_shape: tuple[int, ...],
+    batch: int,
+    reps: int,
+    *,
+    device: str = "cpu",
+    synchronize: bool = False,
+    amp: str = "none",
 ) -> dict[str, Any]:
-    """Forward and backward seconds per sample, layers, activation bytes."""
-    x = torch.zeros((batch, *sample_shape))
+    """Forward and backward seconds per sample, layers, activation bytes.
+
+    Args:
+        model: The model (moved to ``device``).
+        sample_shape: One sample's shape.
+        batch: Samples per timed pass.
+        reps: Timed passes (the median is kept).
+        device: Where to time it (:func:`compute_device`).
+        synchronize: Synchronise CUDA before each reading of the clock.
+        amp: ``--amp``: forward and loss under autocast in this precision.
+
+    Raises:
+        ValueError: ``amp`` fp16 on a device other than CUDA.
+    """
+    from .precision import Precision
+
+    precision = Precision.for_run(amp, torch.device(device))
+    model.to(device)
+    x = torch.zeros((batch, *sample_shape), device=device)
+
+    def sync() -> None:
+        if synchronize:
+            torch.cuda.synchronize(device)
+
     model.train()
     outputs: list[int] = []
 
@@ -91,22 +158,25 @@ def measure_compute(
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
-        model(x)
+        with precision.autocast():
+            model(x)
     finally:
         for h in handles:
             h.remove()
     activation = sum(outputs) / batch
 
     def forward() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), precision.autocast():
             model(x)
 
     def both() -> None:
         model.zero_grad(set_to_none=True)
-        model(x).float().sum().backward()
+        with precision.autocast():
+            loss = model(x).float().sum()
+        loss.backward()
 
-    t_forward = _timed(forward, reps)
-    t_both = _timed(both, reps)
+    t_forward = _timed(forward, reps, sync)
+    t_both = _timed(both, reps, sync)
     t_backward = max(t_both - t_forward, 0.0)
     costs = module_costs(model, x[:1])
     total = sum(costs.values())
@@ -177,39 +247,32 @@ def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
     return nbytes / best
 
 
-def _optimizer(cfg: OptimOptions) -> tuple[type[torch.optim.Optimizer], dict]:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD, {
-            "lr": cfg.lr,
-            "momentum": cfg.momentum,
-            "weight_decay": cfg.weight_decay,
-        }
-    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
-    return cls, {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
-
-
 def measure_server(
     cfg: OptimOptions, sizes: Sequence[int], reps: int
 ) -> tuple[float, float, list[tuple[float, float]]]:
-    """A server's seconds per update and per byte (shards of ``sizes`` elements)."""
+    """A server's seconds per update and per byte (shards of ``sizes`` elements).
+
+    The optimizer is the run's (:func:`~hybridagg.train.common.make_optimizer`
+    over a parameter of the shard's size), handed to the
+    :class:`~hybridagg.ps.store.ShardStore` as a leader hands it to its
+    servers (:func:`~hybridagg.ps.spec.server_specs`).
+    """
     from ..ps.compensation import Compensation
-    from ..ps.spec import ServerSpec
+    from ..ps.spec import server_specs
     from ..ps.store import ShardStore
     from ..runtime import envvars
 
-    cls, hyper = _optimizer(cfg)
     part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
     points = []
     for numel in sizes:
-        spec = ServerSpec(
-            optimizer=cls,
-            defaults=dict(cls([torch.nn.Parameter(torch.zeros(1))], **hyper).defaults),
-            hyper=[hyper],
-            group_of=[0],
-            numels=[numel],
-            shard_range=(0, numel),
-            shard=np.zeros(numel, dtype=np.float32),
-            buffers=None,
+        holder = nn.ParameterList([nn.Parameter(torch.zeros(numel))])
+        optimizer = make_optimizer(cfg, holder)
+        (spec,) = server_specs(
+            list(holder.parameters()),
+            optimizer,
+            holder[0].detach(),
+            None,
+            [(0, numel)],
             compensation=Compensation(),
             staleness_bound=None,
             max_updates=None,
@@ -266,29 +329,39 @@ def profile_model(
     cfg: OptimOptions,
     *,
     reps: int = 5,
-    comm=None,
-    server_sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22),  # elements
-    allreduce_sizes: Sequence[int] = (1 << 18, 1 << 22, 1 << 25),
-) -> Profile | None:
-    """Measure everything (see the module); the profile on rank 0, ``None`` elsewhere.
+    device: str = "cpu",
+    synchronize: bool = False,
+    amp: str = "none",
+    server_sizes: Sequence[int] = SERVER_SIZES,
+) -> Profile:
+    """Measure everything but the all-reduce (see the module), in this process.
 
     Args:
-        comm: A :class:`hybridagg.comm.Comm` (``None``: one process, no all-reduce).
+        model: The model (moved to ``device``).
+        name: Its name, for the profile.
+        sample_shape: One sample's shape.
+        batch: Samples per timed pass.
+        cfg: The optimizer the servers run.
+        reps: Timed repetitions of each measurement.
+        device: Where the compute is timed (:func:`compute_device`).
+        synchronize: Synchronise CUDA before each reading of the clock.
+        amp: ``--amp`` of the timed forward.
+        server_sizes: Elements of the shards a server's update is timed on.
+
+    Raises:
+        ValueError: ``amp`` fp16 off CUDA.
     """
-    rank = 0 if comm is None else comm.rank
-    measured: dict[str, Any] = {}
-    if rank == 0:
-        measured = measure_compute(model, sample_shape, batch, reps)
-        per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
-        measured["server"] = ServerFit(per_update, per_byte, tuple(server_points))
-        measured["memcpy"] = measure_memcpy(reps)
-    allreduce = None
-    if comm is not None and comm.size > 1:
-        comm.barrier(what="profile: after rank 0's measurements")
-        latency, bandwidth, points = measure_allreduce(comm, allreduce_sizes, reps)
-        allreduce = AllreduceFit(latency, bandwidth, comm.size, tuple(points))
-    if rank != 0:
-        return None
+    measured = measure_compute(
+        model,
+        sample_shape,
+        batch,
+        reps,
+        device=device,
+        synchronize=synchronize,
+        amp=amp,
+    )
+    per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
+    memcpy = measure_memcpy(reps)
     params = sum(p.numel() for p in model.parameters())
     return Profile(
         model=name,
@@ -300,13 +373,13 @@ def profile_model(
             sum(p.numel() * p.element_size() for p in model.parameters())
         ),
         activation_bytes_per_sample=measured["activation_bytes_per_sample"],
-        server=measured["server"],
+        server=ServerFit(per_update, per_byte, tuple(server_points)),
         machine=MachineInfo(
             cores=len(os.sched_getaffinity(0)),
-            memcpy_Bps=measured["memcpy"],
-            device="cpu",
+            memcpy_Bps=memcpy,
+            device=device,
+            amp=amp,
         ),
-        allreduce=allreduce,
         layers=measured["layers"],
         buckets=measured["buckets"],
         batch=batch,
@@ -314,5 +387,14 @@ def profile_model(
             "layers": "measured totals apportioned by each layer's FLOPs "
             "(backward twice forward)",
             "threads": torch.get_num_threads(),
+            "optimizer": cfg.optimizer,
+            **_device_notes(device),
         },
     )
+
+
+def _device_notes(device: str) -> dict[str, str]:
+    """The GPU's name for a CUDA device (what ``device`` alone does not say)."""
+    if device.startswith("cuda"):
+        return {"gpu": torch.cuda.get_device_name(device)}
+    return {}

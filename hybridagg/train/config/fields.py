@@ -27,6 +27,7 @@ def option(
     choices: Collection[str] | None = None,
     at_least: float | None = None,
     help: str | None = None,
+    short: str | None = None,
 ) -> Any:
     """A field whose flag or check needs more than its name, type and default.
 
@@ -36,8 +37,17 @@ def option(
         at_least: Lower bound, checked unless the value is ``None``.
         help: Help text computed at import (``--model`` lists the zoo); the
             docstring then stays the description for readers of the code.
+        short: A one-letter alias of the flag besides its long name
+            (``"-n"`` for ``hybridagg plan --workers``).
+
+    Raises:
+        ValueError: ``short`` is not a dash and one letter.
     """
-    meta = {"choices": choices, "at_least": at_least, "help": help}
+    if short is not None and not (
+        len(short) == 2 and short[0] == "-" and short[1].isalpha()
+    ):
+        raise ValueError(f"short must be a dash and one letter, got {short!r}")
+    meta = {"choices": choices, "at_least": at_least, "help": help, "short": short}
     return field(
         default=default, metadata={k: v for k, v in meta.items() if v is not None}
     )

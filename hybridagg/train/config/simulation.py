@@ -5,8 +5,9 @@ training flag, checked the same way) with ``--data`` made optional (a
 simulation reads no data; the file, when given, tells the epoch's size) and
 :class:`SimulationOptions` added. :class:`ProfileConfig` is the model and
 optimizer concerns with :class:`ProfileOptions`. :class:`PlanConfig` is
-:class:`PlanOptions` alone (the planner chooses mode, groups, servers and
-batches itself). Pure logic.
+:class:`PlanOptions` with the optimizer's concern (the planner chooses mode,
+groups, servers and batches itself; the optimizer is what the servers run).
+Pure logic.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import TrainConfig
+from ...devices import check_device_spec
+from . import CONCERNS, TrainConfig
 from .aggregation import WIRE_FORMATS
+from .compute import AMP_MODES
 from .fields import Concern, check_declared, option
 from .training import ModelOptions, OptimOptions
 
@@ -84,7 +87,7 @@ class SimulateConfig(SimulationOptions, TrainConfig):
             )
 
 
-SIMULATE_CONCERNS: tuple[type, ...] = (SimulationOptions, *TrainConfig.__bases__[::-1])
+SIMULATE_CONCERNS: tuple[type, ...] = (SimulationOptions, *CONCERNS)
 """The concerns of ``hybridagg simulate``, in the order of its ``--help``."""
 
 
@@ -109,11 +112,26 @@ class ProfileOptions(Concern):
     reps: int = option(5, at_least=1)
     """timed repetitions of each measurement (the median is kept)"""
 
+    device: str = "cpu"
+    """where the model's compute is timed, as hybridagg train's --device: cpu,
+    cuda (the node-local GPU), cuda:N, or auto (a GPU where there is one,
+    else the CPU); CUDA is synchronised before each reading of the clock"""
+
+    amp: str = option("none", choices=AMP_MODES)
+    """mixed precision of the timed forward, as hybridagg train's --amp: none,
+    bf16, or fp16 (CUDA only)"""
+
     def _check(self) -> None:
         if self.data is None and (self.sample_shape is None or self.classes is None):
             raise ValueError("give --data FILE.h5, or --sample-shape and --classes")
         if self.sample_shape is not None:
             self.parsed_shape()
+        check_device_spec(self.device)  # the spelling; whether CUDA is there, later
+        if self.amp == "fp16" and self.device == "cpu":
+            raise ValueError(
+                "--amp fp16 needs --device cuda: autocast on the CPU computes in "
+                "bf16 (--amp bf16)"
+            )
 
     def parsed_shape(self) -> tuple[int, ...]:
         """``--sample-shape`` as a tuple of positive integers."""
@@ -156,7 +174,7 @@ class PlanOptions(Concern):
     cluster: str | None = None
     """cluster file (YAML, JSON or TOML); or -n N for this machine's emulation"""
 
-    workers: int | None = option(None, at_least=2)
+    workers: int | None = option(None, at_least=2, short="-n")
     """this machine's emulation (also -n N): N workers, which --slowdown and
     --sample-ms describe; the plan's servers are ranks beside them (its
     'ranks' says mpiexec -n)"""
@@ -257,13 +275,22 @@ class PlanOptions(Concern):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanConfig(PlanOptions):
+class PlanConfig(PlanOptions, OptimOptions):
     """``hybridagg plan``'s options (see ``hybridagg plan --help``).
+
+    The optimizer's flags are hybridagg train's: ``--model`` times the
+    servers' update with the optimizer they name (``--batch-size`` is
+    :class:`PlanOptions`', with the same meaning).
 
     Raises:
         ValueError: A bad value, naming its flag.
     """
 
+    def __post_init__(self) -> None:
+        for concern in PLAN_CONCERNS:
+            check_declared(self, concern)
+            concern._check(self)
 
-PLAN_CONCERNS: tuple[type, ...] = (PlanOptions,)
+
+PLAN_CONCERNS: tuple[type, ...] = (PlanOptions, OptimOptions)
 """The concerns of ``hybridagg plan``, in the order of its ``--help``."""

@@ -1,0 +1,283 @@
+"""``hybridagg profile``, ``simulate`` and ``plan``: their command lines and the profiler.
+
+The flags (a second parser for the flags given, ``option(short=...)``),
+``hybridagg profile`` on one process and under ``mpiexec`` (errors on every
+rank, no hang), the device policy of the profiler and its optimizer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridagg.sim import load_profile
+
+
+# ----------------------------------------------------------------- the flags
+def test_given_fields_count_a_flag_at_its_default_and_nothing_else():
+    from hybridagg.train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+    from hybridagg.train.flags import given_fields
+
+    argv = ["--data", "d.h5", "--batch-size", "32", "--no-lookahead", "--overlap"]
+    assert given_fields(argv) == {"data", "batch_size", "lookahead", "overlap"}
+    sim = given_fields(
+        ["--profile", "p.json", "--ranks", "4", "--lr", "0.05"],
+        SimulateConfig,
+        SIMULATE_CONCERNS,
+    )
+    assert sim == {"profile", "ranks", "lr"}
+
+
+def test_main_tells_the_plan_which_flags_were_given(tmp_path, monkeypatch):
+    from hybridagg import cli
+
+    seen = {}
+    monkeypatch.setitem(cli._COMMANDS, "train", lambda args: seen.update(vars(args)))
+    cli.main(["train", "--data", "d.h5", "--plan", "p.json", "--batch-size", "32"])
+    assert seen["given_flags"] == {"data", "plan", "batch_size"}
+    assert seen["batch_size"] == 32 and seen["lr"] == 0.05  # defaults still there
+    seen.clear()
+    cli.main(["train", "--data", "d.h5", "--batch-size", "32"])
+    assert "given_flags" not in seen  # without --plan, nothing to compare
+
+
+def test_the_parser_is_left_as_built():
+    from hybridagg.cli import build_parser
+
+    parser = build_parser()
+    before = parser.parse_args(["train", "--data", "d.h5"])
+    from hybridagg.train.flags import given_fields
+
+    given_fields(["--data", "d.h5"])
+    assert parser.parse_args(["train", "--data", "d.h5"]) == before
+
+
+def test_a_short_flag_comes_from_the_field():
+    from hybridagg.cli import build_parser
+    from hybridagg.train.config.fields import option
+    from hybridagg.train.config.simulation import PLAN_CONCERNS, PlanConfig
+    from hybridagg.train.flags import option_strings
+
+    assert "-n" in option_strings(PlanConfig, PLAN_CONCERNS)
+    args = build_parser().parse_args(["plan", "-n", "5", "--profile", "p.json"])
+    assert args.workers == 5
+    long = build_parser().parse_args(["plan", "--workers", "5", "--profile", "p"])
+    assert long.workers == 5
+    with pytest.raises(ValueError, match="a dash and one letter"):
+        option(1, short="--n")
+
+
+def test_simulate_concerns_are_trains_after_its_own():
+    from hybridagg.train.config import CONCERNS
+    from hybridagg.train.config.simulation import SIMULATE_CONCERNS, SimulationOptions
+
+    assert (SimulationOptions, *CONCERNS) == SIMULATE_CONCERNS
+
+
+def test_plan_takes_the_optimizer_flags_of_train():
+    from hybridagg.train.config.simulation import PLAN_CONCERNS, PlanConfig
+    from hybridagg.train.flags import option_strings
+
+    flags = set(option_strings(PlanConfig, PLAN_CONCERNS))
+    assert {"--optimizer", "--lr", "--momentum", "--weight-decay"} <= flags
+    assert "--batch-size" in flags  # once: the plan's own
+    with pytest.raises(ValueError, match="--lr must be positive"):
+        PlanConfig(profile="p.json", workers=4, lr=0.0)
+
+
+def test_profile_options_refuse_fp16_on_the_cpu_and_bad_devices():
+    from hybridagg.train.config.simulation import ProfileConfig
+
+    base = dict(out="p.json", sample_shape="64", classes=10)
+    assert ProfileConfig(**base, device="cuda:1", amp="fp16").device == "cuda:1"
+    with pytest.raises(ValueError, match="--amp fp16 needs --device cuda"):
+        ProfileConfig(**base, amp="fp16")
+    with pytest.raises(ValueError, match="unknown --device 'gpu'"):
+        ProfileConfig(**base, device="gpu")
+
+
+# ------------------------------------------------------------- the profiler
+def test_compute_device_follows_the_device_policy():
+    from hybridagg.train.profiler import compute_device
+
+    assert compute_device("cpu", 0, 4) == ("cpu", False)
+    assert compute_device("auto", 0, 0) == ("cpu", False)
+    assert compute_device("auto", 3, 2) == ("cuda:1", True)  # node-local GPU
+    assert compute_device("cuda", 1, 2) == ("cuda:1", True)
+    assert compute_device("cuda:0", 5, 1) == ("cuda:0", True)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        compute_device("cuda", 0, 0)
+
+
+def test_server_is_timed_with_the_runs_optimizer(monkeypatch):
+    import torch
+
+    from hybridagg.ps import store
+    from hybridagg.train.config import OptimOptions
+    from hybridagg.train.profiler import measure_server
+
+    built = []
+    real = store.ShardStore
+
+    def spy(spec):
+        built.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(store, "ShardStore", spy)
+    cfg = OptimOptions(optimizer="adamw", lr=0.01, weight_decay=0.1)
+    per_update, per_byte, points = measure_server(cfg, (1 << 10, 1 << 14), 1)
+    assert len(points) == 2 and per_update >= 0 and per_byte >= 0
+    assert {spec.optimizer for spec in built} == {torch.optim.AdamW}
+    assert built[0].hyper[0]["weight_decay"] == 0.1 and built[0].hyper[0]["lr"] == 0.01
+
+
+def test_profile_records_device_amp_and_optimizer(tmp_path):
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--batch-size", "8", "--reps", "1", "--amp", "bf16", "--optimizer",
+         "adam", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    profile = load_profile(out)
+    assert (profile.machine.device, profile.machine.amp) == ("cpu", "bf16")
+    assert profile.notes["optimizer"] == "adam"
+    assert profile.sample_seconds > 0 and profile.allreduce is None
+
+
+def test_profile_refuses_a_bad_model_and_a_missing_folder(tmp_path, capsys):
+    from hybridagg.cli import main
+
+    common = ["--sample-shape", "64", "--classes", "10", "--reps", "1"]
+    out = str(tmp_path / "p.json")
+    assert main(["profile", "--model", "nowhere_xyz:build", *common, "--out", out]) == 2
+    assert "nowhere_xyz" in capsys.readouterr().err
+    missing = str(tmp_path / "no" / "p.json")
+    assert main(["profile", "--model", "mlp", *common, "--out", missing]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["profile", "--model", "mlp", "--amp", "fp16", *common,
+                 "--out", out]) == 2  # fmt: skip
+    assert "--amp fp16 needs --device cuda" in capsys.readouterr().err
+
+
+def test_a_profile_without_amp_reads_as_none_and_a_bad_amp_is_refused(tmp_path):
+    import json
+
+    from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
+
+    profile = Profile(
+        model="m",
+        parameters=10,
+        sample_shape=(3,),
+        forward_s_per_sample=0.001,
+        backward_s_per_sample=0.002,
+        parameter_bytes=40.0,
+        activation_bytes_per_sample=12.0,
+        server=ServerFit(0.001, 1e-9),
+        machine=MachineInfo(cores=2, memcpy_Bps=5e9),
+    )
+    path = save_profile(profile, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    del data["machine"]["amp"]  # a file written before --amp was recorded
+    path.write_text(json.dumps(data))
+    assert load_profile(path).machine.amp == "none"
+    data["machine"]["amp"] = "fp8"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"machine\.amp must be one of"):
+        load_profile(path)
+
+
+@pytest.mark.cuda
+def test_profile_times_the_gpu(tmp_path):
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--reps", "2", "--device", "cuda", "--amp", "fp16", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    profile = load_profile(out)
+    assert profile.machine.device.startswith("cuda:")
+    assert profile.machine.amp == "fp16" and profile.notes["gpu"]
+
+
+def test_plan_profiles_with_the_optimizer_it_is_given(monkeypatch):
+    from hybridagg import cli
+    from hybridagg.train import profiling
+    from hybridagg.train.config.simulation import PlanConfig
+
+    seen = {}
+    monkeypatch.setattr(
+        profiling, "profile_here", lambda cfg: seen.setdefault("c", cfg)
+    )
+    cfg = PlanConfig(model="mlp", sample_shape="64", classes=10, workers=4,
+                     optimizer="adamw", lr=0.2, weight_decay=0.01, batch_size=8)  # fmt: skip
+    cli._profile_here(cfg)
+    got = seen["c"]
+    assert (got.optimizer, got.lr, got.weight_decay, got.batch_size) == (
+        "adamw", 0.2, 0.01, 8,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------- under mpiexec -n 2
+@pytest.mark.mpi(ranks=2, timeout=240)
+def test_profile_under_mpiexec_writes_on_rank_0_only(tmp_path):
+    from mpi4py import MPI
+
+    from hybridagg.cli import main
+
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        profile = load_profile(out)
+        assert profile.allreduce is not None and profile.allreduce.ranks == 2
+    else:
+        assert not out.exists()
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_profile_under_mpiexec_a_bad_model_is_one_error_on_every_rank(tmp_path, capsys):
+    from mpi4py import MPI
+
+    from hybridagg.cli import main
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    out = str(tmp_path / "p.json")
+    common = ["--sample-shape", "64", "--classes", "10", "--reps", "1", "--out"]
+    # only rank 0 builds the model: the others learn its error by agreement
+    assert main(["profile", "--model", "nowhere_xyz:build", *common, out]) == 2
+    err = capsys.readouterr().err
+    if rank == 0:
+        assert "[rank 0]" in err and "nowhere_xyz" in err
+    else:
+        assert err == ""
+    # a bad data file (read by rank 0 alone), the same way
+    missing = str(tmp_path / "none.h5")
+    bad = ["profile", "--model", "mlp", "--data", missing, "--out", out]
+    assert main(bad) == 2
+    assert ("none.h5" in capsys.readouterr().err) == (rank == 0)
+    # a bad option: refused before MPI starts, on every rank
+    assert (
+        main(["profile", "--model", "mlp", "--sample-shape", "0", *common[2:], out])
+        == 2
+    )
+    assert ("--sample-shape" in capsys.readouterr().err) == (rank == 0)
+
+
+def test_argparse_private_api_is_not_used():
+    # the flags reach argparse only through its public calls
+    import inspect
+
+    from hybridagg import cli
+    from hybridagg.train import flags
+
+    for module in (cli, flags):
+        source = inspect.getsource(module)
+        assert "_option_string_actions" not in source
+        assert "_SubParsersAction" not in source
