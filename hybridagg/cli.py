@@ -709,7 +709,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the same verdict on every rank
         return _refuse_options(rank, functools.partial(_say, "profile", exc))
     from .comm import CommTimeoutError, RemoteError
-    from .train.profiling import run_profile
+    from .train.profiling import describe, run_profile
 
     under_mpi = (launch_env().size or 1) > 1
     try:
@@ -730,34 +730,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             _end_if_peer_failed(exc, program="hybridagg profile")
         raise
     if result is not None:
-        print(f"wrote {cfg.out}: {_profile_summary(result)}")
+        print(f"wrote {cfg.out}: {describe(result)}")
     return 0
 
 
 def _say(command: str, exc: BaseException | str) -> None:
     """``hybridagg COMMAND: error: ...`` on stderr."""
     print(f"hybridagg {command}: error: {exc}", file=sys.stderr, flush=True)
-
-
-def _profile_summary(result) -> str:
-    """One line of what a profile measured."""
-    ar = result.allreduce
-    where = result.machine.device + (
-        f", --amp {result.machine.amp}" if result.machine.amp != "none" else ""
-    )
-    return (
-        f"{result.parameters} parameters, {result.sample_seconds * 1e3:.3f} ms "
-        f"per sample (forward and backward, on {where}), server "
-        f"{result.server.seconds_per_update * 1e3:.3f} ms + "
-        f"{result.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
-        f"{result.machine.memcpy_Bps / 1e9:.2f} GB/s"
-        + (
-            f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
-            f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
-            if ar
-            else ""
-        )
-    )
 
 
 _COMMANDS["profile"] = _cmd_profile
@@ -822,26 +801,10 @@ def _shorten(text: str, limit: int = 160) -> str:
 
 
 def _profile_here(cfg):
-    """``hybridagg plan --model NAME``: profile the model in this process, its
-    servers timed with the optimizer the plan's flags name."""
-    from .train.config.simulation import ProfileConfig
-    from .train.profiling import profile_here
+    """``hybridagg plan --model NAME``: profile the model in this process."""
+    from .train.profiling import profile_for_plan
 
-    return profile_here(
-        ProfileConfig(
-            out="-",
-            model=cfg.model,
-            data=cfg.data,
-            sample_shape=cfg.sample_shape,
-            classes=cfg.classes,
-            batch_size=cfg.batch_size,
-            optimizer=cfg.optimizer,
-            lr=cfg.lr,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            reps=3,
-        )
-    )
+    return profile_for_plan(cfg)
 
 
 _COMMANDS["plan"] = _cmd_plan

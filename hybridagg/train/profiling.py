@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..sim.profile import AllreduceFit, Profile, save_profile
-from .config.simulation import ProfileConfig
+from .config.simulation import PlanConfig, ProfileConfig
 from .models import build_model
 from .profiler import (
     ALLREDUCE_SIZES,
@@ -39,7 +39,13 @@ from .profiler import (
     profile_model,
 )
 
-__all__ = ["profile_here", "profiled_input", "run_profile"]
+__all__ = [
+    "describe",
+    "profile_for_plan",
+    "profile_here",
+    "profiled_input",
+    "run_profile",
+]
 
 
 def profiled_input(
@@ -105,6 +111,30 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
         device=device,
         synchronize=synchronize,
         amp=cfg.amp,
+    )
+
+
+def profile_for_plan(cfg: PlanConfig, reps: int = 3) -> Profile:
+    """``hybridagg plan --model NAME``: the model profiled in this process, its
+    servers timed with the optimizer the plan's flags name.
+
+    Raises:
+        ValueError, TypeError, OSError: A bad model or data file.
+    """
+    return profile_here(
+        ProfileConfig(
+            out="-",
+            model=cfg.model,
+            data=cfg.data,
+            sample_shape=cfg.sample_shape,
+            classes=cfg.classes,
+            batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            reps=reps,
+        )
     )
 
 
@@ -180,3 +210,24 @@ def _check_destination(out: str) -> None:
     folder = Path(out).resolve().parent
     if not folder.is_dir():
         raise FileNotFoundError(f"--out {out}: folder {folder} does not exist")
+
+
+def describe(profile: Profile) -> str:
+    """One line of what a profile measured (``hybridagg profile`` prints it)."""
+    ar = profile.allreduce
+    where = profile.machine.device
+    if profile.machine.amp != "none":
+        where += f", --amp {profile.machine.amp}"
+    text = (
+        f"{profile.parameters} parameters, {profile.sample_seconds * 1e3:.3f} ms "
+        f"per sample (forward and backward, on {where}), server "
+        f"{profile.server.seconds_per_update * 1e3:.3f} ms + "
+        f"{profile.server.seconds_per_byte * 1e9:.3f} ns/B, copies "
+        f"{profile.machine.memcpy_Bps / 1e9:.2f} GB/s"
+    )
+    if ar is not None:
+        text += (
+            f", all-reduce over {ar.ranks}: {ar.latency_s * 1e6:.1f} us, "
+            f"{ar.bandwidth_Bps / 1e9:.2f} GB/s"
+        )
+    return text

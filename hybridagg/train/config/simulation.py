@@ -175,7 +175,7 @@ class PlanOptions(Concern):
     """cluster file (YAML, JSON or TOML); or -n N for this machine's emulation"""
 
     workers: int | None = option(None, at_least=2, short="-n")
-    """this machine's emulation (also -n N): N workers, which --slowdown and
+    """this machine's emulation: N workers, which --slowdown and
     --sample-ms describe; the plan's servers are ranks beside them (its
     'ranks' says mpiexec -n)"""
 
