@@ -7,6 +7,8 @@ rank, no hang), the device policy of the profiler and its optimizer.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hybridagg.sim import load_profile
@@ -281,3 +283,32 @@ def test_argparse_private_api_is_not_used():
         source = inspect.getsource(module)
         assert "_option_string_actions" not in source
         assert "_SubParsersAction" not in source
+
+
+@pytest.mark.mpi(ranks=2, timeout=120)
+def test_profile_under_mpiexec_rank_0s_long_measuring_is_no_timeout(
+    tmp_path, monkeypatch
+):
+    # the others wait for rank 0 longer than HYBRIDAGG_TIMEOUT: its
+    # measuring is a declared solo phase, which their waits do not count
+    from mpi4py import MPI
+
+    from hybridagg.cli import main
+    from hybridagg.train import profiling
+
+    monkeypatch.setenv("HYBRIDAGG_TIMEOUT", "3")
+    monkeypatch.setenv("HYBRIDAGG_FAILURE_TIMEOUT", "2")
+    real = profiling.profile_here
+
+    def slow(cfg, local_rank=0):
+        time.sleep(8)
+        return real(cfg, local_rank)
+
+    monkeypatch.setattr(profiling, "profile_here", slow)
+    out = tmp_path / "mlp.json"
+    code = main(
+        ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+         "--reps", "1", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    assert out.exists() == (MPI.COMM_WORLD.Get_rank() == 0)

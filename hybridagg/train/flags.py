@@ -38,7 +38,6 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from .config import CONCERNS, TrainConfig, flag
-from .config.simulation import PLAN_CONCERNS, PROFILE_CONCERNS, SIMULATE_CONCERNS
 
 __all__ = [
     "add_arguments",
@@ -53,6 +52,9 @@ __all__ = [
 def _class_docs() -> dict[str, dict[str, str]]:
     """Each concern's fields' docstrings (the string literal after the field),
     by class name: two commands' concerns may document a name differently."""
+    # (here, not at import: hybridagg train needs no simulation's concerns)
+    from .config.simulation import PLAN_CONCERNS, PROFILE_CONCERNS, SIMULATE_CONCERNS
+
     concerns = (*CONCERNS, *SIMULATE_CONCERNS, *PROFILE_CONCERNS, *PLAN_CONCERNS)
     modules = dict.fromkeys(sys.modules[c.__module__] for c in concerns)
     nodes = [n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))]
