@@ -163,6 +163,21 @@ def test_profile_refuses_a_bad_model_and_a_missing_folder(tmp_path, capsys):
     assert "--amp fp16 needs --device cuda" in capsys.readouterr().err
 
 
+def test_profile_refuses_a_model_that_does_not_take_the_samples(
+    tmp_path, capsys, monkeypatch
+):
+    from hybridagg.cli import main
+
+    (tmp_path / "fixed_in.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(5, 2)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    argv = ["profile", "--model", "fixed_in:build", "--sample-shape", "64",
+            "--classes", "2", "--reps", "1", "--out", str(tmp_path / "p.json")]  # fmt: skip
+    assert main(argv) == 2
+    assert "does not fit the data" in capsys.readouterr().err
+
+
 def test_a_profile_without_amp_reads_as_none_and_a_bad_amp_is_refused(tmp_path):
     import json
 

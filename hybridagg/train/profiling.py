@@ -31,7 +31,7 @@ from torch import nn
 
 from ..sim.profile import AllreduceFit, Profile, save_profile
 from .config.simulation import PlanConfig, ProfileConfig
-from .models import build_model
+from .models import build_model, check_fits
 from .profiler import (
     ALLREDUCE_SIZES,
     compute_device,
@@ -74,14 +74,14 @@ def profiled_input(
     return tuple(sample_shape), int(classes)
 
 
-def _model(cfg: ProfileConfig) -> tuple[nn.Module, tuple[int, ...]]:
+def _model(cfg: ProfileConfig) -> tuple[nn.Module, tuple[int, ...], int]:
     shape, classes = profiled_input(
         cfg.data,
         None if cfg.sample_shape is None else cfg.parsed_shape(),
         cfg.classes,
     )
     torch.manual_seed(0)  # every profile of a model times the same weights
-    return build_model(cfg.model, shape, classes), shape
+    return build_model(cfg.model, shape, classes), shape, classes
 
 
 def _device(cfg: ProfileConfig, local_rank: int) -> tuple[str, bool]:
@@ -99,8 +99,11 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
     Raises:
         ValueError, TypeError, OSError: A bad model, data file or device.
     """
-    model, shape = _model(cfg)
+    model, shape, classes = _model(cfg)
     device, synchronize = _device(cfg, local_rank)
+    # a model that does not take the samples: one clear ValueError, not a
+    # traceback from inside the timed forward
+    check_fits(model, shape, classes, cfg.model, torch.device("cpu"), cfg.loss)
     return profile_model(
         model,
         cfg.model,
@@ -167,8 +170,9 @@ def run_profile(cfg: ProfileConfig) -> Profile | None:
 
 
 def _run_ranks(cfg: ProfileConfig, local_rank: int) -> Profile | None:
-    from ..comm import Comm, Heartbeat, end_job, solo
+    from ..comm import Comm, Heartbeat, end_job, install_abort_hook, solo
 
+    install_abort_hook()  # an error of one rank alone ends the job, never a hang
     comm = Comm(name="profile")
     try:
         heartbeat = Heartbeat(
@@ -181,7 +185,7 @@ def _run_ranks(cfg: ProfileConfig, local_rank: int) -> Profile | None:
                     try:
                         _check_destination(cfg.out)
                         profile = profile_here(cfg, local_rank)
-                    except (ValueError, TypeError, OSError) as exc:
+                    except Exception as exc:  # told to every rank, whatever it is
                         err = exc
             comm.check(err, what="the model's profile")
             latency, bandwidth, points = measure_allreduce(
