@@ -121,3 +121,16 @@ def test_a_loaded_checkpoint_keeps_the_servers_kernel_choice():
         _store(dict(chosen), dict(chosen)).optimizers[0][0].param_groups[0]["fused"]
         is False
     )
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW])
+def test_an_optimizer_is_rebuilt_from_its_own_defaults(cls):
+    # torch 2.13's AdamW lists decoupled_weight_decay in its defaults (from
+    # Adam) but its constructor refuses the keyword; servers rebuild the
+    # user's optimizer from exactly these defaults
+    param = torch.nn.Parameter(torch.zeros(4))
+    user = cls([param], lr=0.01, weight_decay=0.1)
+    groups = [{**{k: v for k, v in user.param_groups[0].items()}, "params": [param]}]
+    rebuilt = build_optimizer(cls, groups, dict(user.defaults))
+    assert type(rebuilt) is cls
+    assert rebuilt.param_groups[0]["weight_decay"] == 0.1
