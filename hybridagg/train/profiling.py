@@ -174,35 +174,33 @@ def _run_ranks(cfg: ProfileConfig, local_rank: int) -> Profile | None:
 
     install_abort_hook()  # an error of one rank alone ends the job, never a hang
     comm = Comm(name="profile")
-    try:
-        heartbeat = Heartbeat(
-            comm.mpi, on_failure=functools.partial(end_job, program="hybridagg profile")
-        )
-        with heartbeat:
-            profile, err = None, None
-            if comm.rank == 0:
-                with solo("profiling the model"):
-                    try:
-                        _check_destination(cfg.out)
-                        profile = profile_here(cfg, local_rank)
-                    except Exception as exc:  # told to every rank, whatever it is
-                        err = exc
-            comm.check(err, what="the model's profile")
-            latency, bandwidth, points = measure_allreduce(
-                comm, ALLREDUCE_SIZES, cfg.reps
-            )
-            if comm.rank == 0:
-                fit = AllreduceFit(latency, bandwidth, comm.size, tuple(points))
-                profile = dataclasses.replace(profile, allreduce=fit)
-                with solo("writing the profile"):
-                    try:
-                        save_profile(profile, cfg.out)
-                    except OSError as exc:
-                        err = exc
-            comm.check(err, what="writing the profile")
-        return profile
-    finally:
-        comm.free()
+    heartbeat = Heartbeat(
+        comm.mpi, on_failure=functools.partial(end_job, program="hybridagg profile")
+    )
+    # on an error the communicators are left to the process's end (as the
+    # heartbeat leaves its own): freeing one may wait for a stuck peer
+    with heartbeat:
+        profile, err = None, None
+        if comm.rank == 0:
+            with solo("profiling the model"):
+                try:
+                    _check_destination(cfg.out)
+                    profile = profile_here(cfg, local_rank)
+                except Exception as exc:  # told to every rank, whatever it is
+                    err = exc
+        comm.check(err, what="the model's profile")
+        latency, bandwidth, points = measure_allreduce(comm, ALLREDUCE_SIZES, cfg.reps)
+        if comm.rank == 0:
+            fit = AllreduceFit(latency, bandwidth, comm.size, tuple(points))
+            profile = dataclasses.replace(profile, allreduce=fit)
+            with solo("writing the profile"):
+                try:
+                    save_profile(profile, cfg.out)
+                except OSError as exc:
+                    err = exc
+        comm.check(err, what="writing the profile")
+    comm.free()
+    return profile
 
 
 def _check_destination(out: str) -> None:
