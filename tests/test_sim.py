@@ -21,6 +21,7 @@ from hybridagg.sim import (
     simulate,
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
+from hybridagg.sim.analytic import estimate
 from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
 
 try:
@@ -45,12 +46,16 @@ PROFILE = Profile(
 )
 
 
+TINY = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+
+
 def options(**kw):
     base = dict(
         mode="sync", groups=None, servers=None, batch_size=32, slowdown=None,
         sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
         max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
-        stream_push=False, staleness_bound=None,
+        stream_push=False, staleness_bound=None, accumulate=1, amp="none",
+        device="cpu",
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
@@ -140,12 +145,80 @@ def test_adaptive_batches_follow_speed():
 # --------------------------------------------------------------- simulator
 @needs_simgrid
 @pytest.mark.parametrize("n", [2, 8])
-def test_sync_step_is_compute_plus_closed_form_ring(n):
-    bw, lat = 1e9, 1e-5
-    prediction = simulate(build_job(options(steps=3), gpus(n, bw, lat), PROFILE))
-    ring = ring_allreduce_seconds(n, 1e8, bw, lat)
-    assert prediction.time_s == pytest.approx(3 * (32 * 0.003 + ring), rel=1e-9)
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_sync_step_is_compute_plus_closed_form_ring(n, buckets):
+    # buckets all filled when backward ends: one ring all-reduce after
+    # another, each paying the ring's 2(n-1) latencies
+    profile = Profile(
+        **{**PROFILE.__dict__, "buckets": ((1.0, 1 / buckets),) * buckets}
+    )
+    bw, lat = 1e9, 1e-4
+    job = build_job(options(steps=3), gpus(n, bw, lat), profile)
+    prediction = simulate(job)
+    ring = ring_allreduce_seconds(n, 1e8, bw, lat, buckets=buckets)
+    assert ring > ring_allreduce_seconds(n, 1e8, bw, lat) or buckets == 1
+    step = 32 * 0.003 + ring  # (rel: a flow's bytes are whole)
+    assert prediction.time_s == pytest.approx(3 * step, rel=1e-8)
     assert prediction.samples == 3 * 32 * n
+    assert estimate(job).samples_per_sec == pytest.approx(32 * n / step, rel=1e-9)
+
+
+def nodes_of(count: int, per: int, intra=(1e9, 1e-5), inter=(2.5e8, 5e-5)):
+    node = NodeType(name="g", count=count, devices=per)
+    return ClusterSpec(
+        name="t", node_types=(node,), intra_node=LinkSpec(*intra),
+        inter_node=LinkSpec(*inter), servers=ServerPlacement(("g",), 1),
+    )  # fmt: skip
+
+
+@needs_simgrid
+def test_sync_with_groups_reduces_hierarchically_in_closed_form():
+    # SyncOptimizer with several groups: reduce to the leader (a pipelined
+    # chain), ring all-reduce across the leaders, broadcast (a chain)
+    (bw, lat), (xbw, xlat) = (1e9, 1e-5), (2.5e8, 5e-5)
+    job = build_job(options(steps=3, groups="node"), nodes_of(3, 4), PROFILE)
+    assert job.hierarchical and len(job.groups) == 3
+    chain = 3 * lat + 1e8 / bw  # n-1 latencies, the bytes once (pipelined)
+    # leaders on different nodes: intra + inter latency, the slower link
+    cross = ring_allreduce_seconds(3, 1e8, min(bw, xbw), lat + xlat)
+    step = 32 * 0.003 + chain + cross + chain
+    prediction = simulate(job)
+    assert prediction.time_s == pytest.approx(3 * step, rel=1e-8)  # whole bytes
+    assert prediction.samples == 3 * 32 * 12
+    assert estimate(job).samples_per_sec == pytest.approx(32 * 12 / step, rel=1e-9)
+    flat = build_job(options(steps=3), nodes_of(3, 4), PROFILE)
+    assert not flat.hierarchical and len(flat.groups) == 1
+
+
+@needs_simgrid
+def test_analytic_follows_a_changing_slowdown_like_the_engine():
+    # ranks 0-1 four times slower after 0.5 s: the t=0 level alone would
+    # overestimate the rate by far; the time-averaged phases track SimGrid
+    common = dict(steps=60, sample_ms=2.0, slowdown="0-1:1@0;0-1:4@0.5")
+    for extra in ({}, {"mode": "hybrid", "groups": "0-1,2-3"}):
+        job = build_job(options(**common, **extra), gpus(4, 1e10, 1e-5), TINY)
+        engine, model = simulate(job), estimate(job)
+        steady = estimate(job.frozen_at(0.0))
+        assert steady.samples_per_sec > 1.2 * engine.samples_per_sec
+        assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.02)
+        assert model.ideal_samples_per_sec == pytest.approx(
+            engine.ideal_samples_per_sec, rel=0.02
+        )
+
+
+@needs_simgrid
+def test_accumulate_fills_the_buckets_in_the_last_pass():
+    # two buckets, the first full at half of backward: with --accumulate 4
+    # only the last pass's backward (a quarter) overlaps the first bucket
+    profile = Profile(**{**PROFILE.__dict__, "buckets": ((0.5, 0.5), (1.0, 0.5))})
+    bw = 2e9
+    half = (2 * 1 / 2 * 1e8) / 2 / bw
+    total, backward = 32 * 0.003, 32 * 0.002 / 4
+    assert half > backward / 2  # the first bucket outlasts the last pass
+    job = build_job(options(steps=1, accumulate=4), gpus(2, bw, 0.0), profile)
+    expected = total - backward / 2 + 2 * half
+    assert simulate(job).time_s == pytest.approx(expected, rel=1e-9)
+    assert 2 * 32 / estimate(job).samples_per_sec == pytest.approx(expected, rel=1e-9)
 
 
 @needs_simgrid
@@ -234,6 +307,12 @@ def test_staleness_bound_holds_the_fast_group_to_the_slow_ones_pace():
 def test_unmodelled_options_are_refused():
     with pytest.raises(ValueError, match="does not model --stream-push"):
         build_job(options(mode="hybrid", stream_push=True), gpus(4), PROFILE)
+    with pytest.raises(ValueError, match="--amp bf16: the profile was measured"):
+        build_job(options(amp="bf16"), gpus(4), PROFILE)
+    with pytest.raises(ValueError, match="--device cuda:1: the profile was measured"):
+        build_job(options(device="cuda:1"), gpus(4), PROFILE)
+    bf16 = Profile(**{**PROFILE.__dict__, "amp": "bf16"})
+    assert build_job(options(amp="bf16", device="auto"), gpus(4), bf16).workers
 
 
 def test_simulate_takes_every_train_flag_and_its_own():

@@ -240,7 +240,6 @@ class _Sim:
         chain_rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
         nxt = self.worker_host[ranks[(position + 1) % n]]
         batch = job.workers[rank]["batch"]
-        group_samples = sum(job.workers[r]["batch"] for r in ranks)
         step_samples = sum(w["batch"] for w in job.workers)  # sync's update
         passes = max(1, int(job.accumulate))
         steps_done = 0

@@ -379,7 +379,11 @@ def _check_profiled_as(options: JobOptions, profile: Profile) -> None:
     """Refuse ``--amp`` and ``--device`` the profile was not measured with
     (its compute times would not be the run's)."""
     accumulate = getattr(options, "accumulate", 1)
-    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+    if (
+        isinstance(accumulate, bool)
+        or not isinstance(accumulate, int)
+        or accumulate < 1
+    ):
         raise ValueError(f"--accumulate must be an integer >= 1, got {accumulate!r}")
     amp = getattr(options, "amp", "none")
     if amp != "none" and amp != profile.amp:

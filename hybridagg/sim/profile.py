@@ -127,6 +127,8 @@ class Profile:
     bytes); empty: the whole gradient is ready when backward ends"""
     batch: int = 0
     """the batch the compute was measured at"""
+    amp: str = "none"
+    """the mixed precision the compute was measured under (``--amp``)"""
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -304,6 +306,9 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
     batch = data.get("batch", 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
+    amp = data.get("amp", "none")
+    if amp not in ("none", "bf16", "fp16"):
+        raise ValueError(f"{where}amp must be none, bf16 or fp16, got {amp!r}")
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         raise ValueError(f"{where}notes must be a mapping")
@@ -335,6 +340,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         layers=tuple(layers),
         buckets=tuple(buckets),
         batch=batch,
+        amp=amp,
         notes=notes,
     )
 
