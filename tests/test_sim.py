@@ -22,7 +22,13 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
+from hybridagg.sim.profile import (
+    AllreduceFit,
+    MachineInfo,
+    Profile,
+    ServerFit,
+    save_profile,
+)
 
 try:
     find_extension()
@@ -454,3 +460,104 @@ def test_a_node_type_may_bring_its_own_profile(tmp_path):
         ValueError, match=r"node_types\[1\] \(old\)\.profile: .* does not exist"
     ):
         load_cluster(path)
+
+
+# ------------------------------------------------------------- calibration
+def _allreduce_records(ranks: int, latency: float, bandwidth: float) -> list[dict]:
+    """bench/allreduce.py's --json records of an all-reduce that follows the
+    closed form exactly (and another implementation's, to be ignored)."""
+    out = []
+    for nbytes in (4096, 1 << 20, 64 << 20):
+        t = ring_allreduce_seconds(ranks, nbytes, bandwidth, latency)
+        for impl, scale in (("hybridagg-flat", 1.0), ("mpi4py", 0.5)):
+            out.append(
+                {"impl": impl, "ranks": ranks, "bytes": nbytes,
+                 "median_us": t * scale * 1e6, "avg_us": 1.0}
+            )  # fmt: skip
+    return out
+
+
+def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_path):
+    from hybridagg.sim import calibrate
+    from hybridagg.sim.calibrate import fit_line
+
+    assert fit_line([(1, 3), (2, 5), (4, 9)]) == pytest.approx((1, 2))
+    assert fit_line([(1, 1), (2, 2)]) == pytest.approx((0, 1))
+    ar = tmp_path / "allreduce.json"
+    ar.write_text(
+        json.dumps(_allreduce_records(2, 3e-5, 4e9) + _allreduce_records(4, 5e-5, 2e9))
+    )
+    ps = tmp_path / "ps.json"
+    update = lambda b: 7e-5 + b * 3e-10  # noqa: E731
+    trip = lambda b: 2 * (2e-5 + b / 6e9)  # noqa: E731
+    ps.write_text(
+        json.dumps(
+            [{"impl": "hybridagg-ps", "ranks": 2, "servers": 1, "bytes": b,
+              "median_us": trip(b) * 1e6, "update_us": update(b) * 1e6}
+             for b in (4096, 1 << 20, 64 << 20)]
+            + [{"impl": "hybridagg-ps", "leaders": 2, "servers": 1,
+                "updates_per_sec": 500.0, "nap_ms": 2.0, "capacity_bytes": 1 << 20}]
+        )
+    )  # fmt: skip
+    profile = calibrate(PROFILE, allreduce_json=ar, ps_json=ps)
+    two, four = profile.allreduce_by_ranks
+    assert (two.ranks, four.ranks) == (2, 4)
+    assert two.latency_s == pytest.approx(3e-5) and two.bandwidth_Bps == pytest.approx(
+        4e9
+    )
+    assert four.latency_s == pytest.approx(
+        5e-5
+    ) and four.bandwidth_Bps == pytest.approx(2e9)
+    assert profile.allreduce_for(3) is four and profile.allreduce_for(2) is two
+    server = profile.server
+    assert server.seconds_per_update == pytest.approx(7e-5)
+    assert server.seconds_per_byte == pytest.approx(3e-10)
+    assert server.transfer_latency_s == pytest.approx(2e-5)
+    assert server.transfer_Bps == pytest.approx(6e9)
+    assert server.capacity == ((2.0, float(1 << 20), 500.0),)
+    assert profile.notes["calibrated_from"] == [str(ar), str(ps)]
+    again = load_profile(save_profile(profile, tmp_path / "p.json"))
+    assert again == profile
+    with pytest.raises(ValueError, match="no hybridagg-flat or hybridagg records"):
+        ps_as_allreduce = calibrate(PROFILE, allreduce_json=ps)
+        del ps_as_allreduce
+    with pytest.raises(ValueError, match="does not exist"):
+        calibrate(PROFILE, ps_json=tmp_path / "none.json")
+
+
+@needs_simgrid
+def test_this_machine_runs_on_its_calibrated_fits():
+    from hybridagg.sim import machine_cluster
+
+    fits = (
+        AllreduceFit(latency_s=4e-5, bandwidth_Bps=3e9, ranks=2),
+        AllreduceFit(latency_s=6e-5, bandwidth_Bps=1e9, ranks=4),
+    )
+    server = ServerFit(
+        seconds_per_update=0.004, seconds_per_byte=2e-10,
+        transfer_latency_s=3e-5, transfer_Bps=2e9,
+    )  # fmt: skip
+    profile = Profile(
+        **{**PROFILE.__dict__, "allreduce_by_ranks": fits, "server": server}
+    )
+    # two ranks on two cores: the step is compute plus the fitted all-reduce
+    job = build_job(options(steps=2), machine_cluster(profile, 2, 0), profile)
+    step = 32 * 0.003 + fits[0].seconds(1e8, 2)
+    assert simulate(job).time_s == pytest.approx(2 * step, rel=1e-9)
+    assert estimate(job).samples_per_sec == pytest.approx(64 / step, rel=1e-9)
+    # four ranks: the 4-rank fit, whose ranks shared the two cores as these do
+    job = build_job(options(steps=2), machine_cluster(profile, 4, 0), profile)
+    compute = 4 / 2 * 32 * 0.003
+    step = compute + fits[1].seconds(1e8, 4)
+    assert simulate(job).time_s == pytest.approx(2 * step, rel=1e-9)
+    assert estimate(job).samples_per_sec == pytest.approx(128 / step, rel=1e-9)
+    # hybrid on the machine: pushes to the co-located server take the
+    # servers' transfer fit; engine and analytic model agree
+    job = build_job(
+        options(mode="hybrid", groups="0-1,2-3", servers=1, steps=20),
+        machine_cluster(profile, 4, 1),
+        profile,
+    )
+    assert job.nodes[0]["server_link"] == {"bandwidth": 2e9, "latency": 3e-5}
+    engine, model = simulate(job), estimate(job)
+    assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)

@@ -91,6 +91,16 @@ def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, b
     return min(bw_a, bw_b), lat_a + lat_b, False
 
 
+def _server_copy(job: SimJob, node: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a leader-server copy on a node of shared cores
+    (its calibrated ``server_link``, else its copies)."""
+    n = job.nodes[node]
+    link = n.get("server_link")
+    if link:
+        return float(link["bandwidth"]), float(link["latency"])
+    return float(n["memcpy_Bps"]), float(n["intra"]["latency"])
+
+
 def _share(job: SimJob, node: int, ranks_on_node: dict[int, int]) -> float:
     """How much a node of shared cores stretches what executes on it."""
     n = job.nodes[node]
@@ -316,7 +326,9 @@ def _exchange_seconds(
     for s, seconds, on_link, lb, cb in zip(
         job.servers, update, link, link_busy, cpu_busy, strict=True
     ):
-        bw, lat, _ = link_between(job, leader, s["node"])
+        bw, lat, copy = link_between(job, leader, s["node"])
+        if copy:
+            bw, lat = _server_copy(job, leader)
         if s["node"] != leader:
             bw /= max(1, off_node)  # the leader's pushes share its uplink
             transfer = max(shard / bw / (1 - nic_busy), on_link / (1 - lb))
@@ -463,7 +475,7 @@ def _reply_copy_seconds(job: SimJob, server: dict) -> float:
         return 0.0
     local = sum(1 for g in job.groups if job.workers[g[0]]["node"] == server["node"])
     shard = job.grad_bytes / len(job.servers)
-    bw, lat, _ = link_between(job, server["node"], server["node"])
+    bw, lat = _server_copy(job, server["node"])
     return local / len(job.groups) * (lat + shard / bw)
 
 
@@ -495,7 +507,7 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                 if s["node"] == n:
                     seconds += u
                     if leader == n:  # push and reply of the shard, copied
-                        seconds += 2 * job.grad_bytes / k / copy
+                        seconds += 2 * job.grad_bytes / k / _server_copy(job, n)[0]
             per_group.append(seconds)
         work[n] = per_group
     return work

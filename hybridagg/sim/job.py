@@ -196,8 +196,24 @@ class SimJob:
 
 def machine_cluster(profile: Profile, workers: int, servers: int) -> ClusterSpec:
     """This machine as profiled: one node whose ranks share its cores, and
-    whose transfers are memory copies at one core's copy bandwidth."""
-    copies = LinkSpec(bandwidth=profile.machine.memcpy_Bps, latency=0.0)
+    whose transfers are memory copies on them.
+
+    Calibrated (:func:`hybridagg.sim.calibrate.calibrate`): a copy's latency
+    and one core's copy bandwidth are the all-reduce fit's at the group size
+    nearest ``workers`` (its measured ranks shared the cores: the bandwidth
+    per core is the fit's times ranks per core); else the profile's measured
+    copy bandwidth and no latency. The servers' transfer fit reaches the
+    simulation through :func:`build_job` (``server_link``).
+    """
+    fit = profile.allreduce_for(workers) if profile.allreduce_by_ranks else None
+    cores = profile.machine.cores
+    if fit is not None:
+        copies = LinkSpec(
+            bandwidth=fit.bandwidth_Bps * max(1.0, fit.ranks / cores),
+            latency=fit.latency_s,
+        )
+    else:
+        copies = LinkSpec(bandwidth=profile.machine.memcpy_Bps, latency=0.0)
     node = NodeType(
         name="this-machine", count=1, devices=workers, cores=profile.machine.cores
     )
@@ -281,6 +297,13 @@ def build_job(
                     "memcpy_Bps": link.bandwidth,
                 }
             )
+            if t.shared_cores and profile.server.transfer_Bps > 0:
+                # this machine's memory, calibrated on bench/ps.py: a
+                # leader's transfer to a server on the node
+                nodes[-1]["server_link"] = {
+                    "bandwidth": profile.server.transfer_Bps,
+                    "latency": profile.server.transfer_latency_s,
+                }
             for d in range(t.devices):
                 workers.append(
                     {
