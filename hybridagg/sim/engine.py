@@ -78,6 +78,7 @@ class _Sim:
         self.engine = sg.Engine(["hybridagg-simulate", *SIMGRID_CONFIG])
         self.state = _State()
         self._latency: dict[tuple[int, int], float] = {}
+        self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
         self._build_platform()
 
     # ------------------------------------------------------------- platform
@@ -194,11 +195,17 @@ class _Sim:
         sg.this_actor.exec_async(nbytes / float(bandwidth) * a.speed).wait()
 
     def _ring_latency(self, ranks: list[int], closed: bool) -> float:
-        hosts = [self.worker_host[r] for r in ranks]
-        count = len(ranks) if closed else len(ranks) - 1
-        return max(
-            self.latency(hosts[i], hosts[(i + 1) % len(ranks)]) for i in range(count)
-        )
+        """The largest latency of the ring (``closed``) or chain over ``ranks``
+        (memoised: every rank asks every step, and a ring has 1,024 links)."""
+        key = (tuple(ranks), closed)
+        if key not in self._rings:
+            hosts = [self.worker_host[r] for r in ranks]
+            count = len(ranks) if closed else len(ranks) - 1
+            self._rings[key] = max(
+                self.latency(hosts[i], hosts[(i + 1) % len(ranks)])
+                for i in range(count)
+            )
+        return self._rings[key]
 
     # --------------------------------------------------------------- actors
     def _count(self, samples: int) -> None:
@@ -236,6 +243,14 @@ class _Sim:
         leader = position == 0
         barrier = shared["barrier"]
         reduction = self.reduction.get(rank)  # (ready, done) semaphores
+        last_bucket = len(job.buckets) - 1
+        # nothing overlaps the last bucket's reduction: the worker runs it
+        # itself after the actors' buckets (an actor costs simulated events;
+        # one bucket needs none); hierarchical with several buckets: the
+        # stage actors run every bucket, pipelined
+        inline = (n > 1 or job.hierarchical) and (
+            not job.hierarchical or last_bucket == 0
+        )
         nbytes = job.grad_bytes
         chain_rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
         nxt = self.worker_host[ranks[(position + 1) % n]]
@@ -257,10 +272,10 @@ class _Sim:
             last = total / passes
             backward = last * (1 - job.forward_share)
             owed, done = total - backward, 0.0
-            for ready, _share in job.buckets:
+            for b, (ready, _share) in enumerate(job.buckets):
                 owed += backward * (ready - done)
                 done = ready
-                if reduction is not None:
+                if reduction is not None and (job.hierarchical or b < last_bucket):
                     # (compute between two buckets is one activity: each costs a simcall)
                     self._spend(owed)
                     owed = 0.0
@@ -268,6 +283,8 @@ class _Sim:
             self._spend(owed + backward * (1 - done))
             if reduction is not None:
                 reduction[1].acquire()
+            if inline:  # the last bucket (every stage), by this actor itself
+                self._reduce_inline(group, position, job.buckets[-1][1])
             if job.mode == "sync":
                 if barrier is not None and not job.hierarchical:
                     barrier.wait()
@@ -308,7 +325,8 @@ class _Sim:
         """A rank's part of its group's ring all-reduce, one bucket after
         another as the reducer posts them: one flow per bucket carrying its
         ``2(n-1)/n`` share over the ring link, then the bucket's remaining
-        ``2n-3`` phase latencies (every bucket pays the ring's ``2(n-1)``)."""
+        ``2n-3`` phase latencies (every bucket pays the ring's ``2(n-1)``); the
+        worker runs the last bucket itself (:meth:`_reduce_inline`)."""
         sg, job = self.sg, self.job
         sg.Actor.self().daemonize()
         ranks = job.groups[group]
@@ -319,12 +337,60 @@ class _Sim:
         per_link = 2 * (n - 1) / n * job.grad_bytes
         rest = (2 * n - 3) * self._ring_latency(ranks, True)
         while True:
-            for _ready, share in job.buckets:
+            for _ready, share in job.buckets[:-1]:  # (the worker runs the last)
                 ready.acquire()
                 self.transfer(host, nxt, per_link * share)
                 if rest > 0:
                     sg.this_actor.sleep_for(rest)
             done.release()
+
+    def _reduce_inline(self, group: int, position: int, share: float) -> None:
+        """One bucket's whole reduction on this rank's own actor, as
+        :meth:`ring` (flat) or the three stages one after another
+        (hierarchical, one bucket: nothing to pipeline)."""
+        sg, job = self.sg, self.job
+        ranks = job.groups[group]
+        n = len(ranks)
+        host = self.worker_host[ranks[position]]
+        if not job.hierarchical:
+            self.transfer(
+                host, self.worker_host[ranks[(position + 1) % n]],
+                2 * (n - 1) / n * job.grad_bytes * share,
+            )  # fmt: skip
+            rest = (2 * n - 3) * self._ring_latency(ranks, True)
+            if rest > 0:
+                sg.this_actor.sleep_for(rest)
+            return
+        shared = self.groups_shared[group]
+        chain = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
+        if position > 0:
+            self.transfer(
+                host, self.worker_host[ranks[position - 1]], job.grad_bytes * share
+            )
+        if n > 1:
+            shared["reduce_barrier"].wait()
+        if position == 0:
+            if chain > 0:
+                sg.this_actor.sleep_for(chain)
+            leaders = [g[0] for g in job.groups]
+            count = len(leaders)
+            self.transfer(
+                host, self.worker_host[leaders[(group + 1) % count]],
+                2 * (count - 1) / count * job.grad_bytes * share,
+            )  # fmt: skip
+            rest = (2 * count - 3) * self._ring_latency(leaders, True)
+            if rest > 0:
+                sg.this_actor.sleep_for(rest)
+            self.cross_barrier.wait()
+        if n > 1:
+            shared["bcast_barrier"].wait()  # the leader has the sum
+            if position < n - 1:
+                self.transfer(
+                    host, self.worker_host[ranks[position + 1]], job.grad_bytes * share
+                )
+            shared["bcast_barrier"].wait()
+            if chain > 0:
+                sg.this_actor.sleep_for(chain)
 
     def reduce_stage(self, group: int, position: int) -> None:
         """Hierarchical sync, per bucket: a pipelined chain reduce to the
@@ -509,8 +575,8 @@ class _Sim:
         self.cross_barrier = sg.Barrier(len(job.groups)) if job.hierarchical else None
         self.reduction = {}
         for g, ranks in enumerate(job.groups):
-            if len(ranks) == 1 and not job.hierarchical:
-                continue
+            if len(job.buckets) == 1 or (len(ranks) == 1 and not job.hierarchical):
+                continue  # the worker reduces its one bucket itself
             for i, r in enumerate(ranks):
                 self.reduction[r] = (sg.Semaphore(0), sg.Semaphore(0))
                 host = self.worker_host[r]
