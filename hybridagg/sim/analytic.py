@@ -7,15 +7,23 @@ so groups, servers, batches and the slowdown mean the same in both, and
 follows the engine's step rule by rule (pure logic, no SimGrid):
 
 * **A group's step** (:func:`group_step_seconds`): each member computes its
-  batch (``SimJob.compute_seconds``) and sends its hop of the ring
-  all-reduce bucket by bucket as backward fills them. A hop's link is
-  work-conserving, so the last byte arrives at ``max_b(ready_b + latency +
-  sum_{j >= b} bytes_j / bandwidth)``; the step ends when the slowest
-  member's compute and hops end, plus the ring's ``2(n-1) - 1`` remaining
-  latencies. With one bucket that is compute plus the closed-form ring
-  ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's own
-  test checks. On a node of shared cores, compute that executes and the
-  hops (memory copies) share the cores: both stretch by ranks per core.
+  batch (``SimJob.compute_seconds``; with ``--accumulate`` the buckets fill
+  during the last pass) and reduces bucket after bucket as the reducer
+  posts them: bucket ``b`` ends at ``max(ready_b, end_{b-1}) + latency +
+  bytes_b / bandwidth + (2n-3) latency``, every bucket paying the ring's
+  ``2(n-1)`` latencies; the step ends when the slowest member's last
+  bucket does. With one bucket that is compute plus the closed-form ring
+  ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's
+  own test checks. On a node of shared cores, compute that executes and
+  the hops (memory copies, after the node's latency) share the cores: both
+  stretch by ranks per core.
+* **hierarchical sync** (:func:`hierarchical_step_seconds`, sync with
+  several groups): per bucket a chain reduce to each leader, the leaders'
+  ring, a chain broadcast, stage after stage and bucket after bucket (the
+  stages' contention on a leader's link is not modelled).
+* **a slowdown schedule**: each phase's steady state (``SimJob.frozen_at``),
+  walked until the run's steps or samples are done; the rate, the ideal
+  and the cycles are time-averaged over that run.
 * **sync**: samples of a step over the step.
 * **hybrid, async**: a group's cycle is its step, the leader's exchange
   (push a shard to each server, the update, the reply) and the broadcast
@@ -34,7 +42,8 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   waits what keeps them within.
 
 Not modelled (the simulator's business): contention between groups on a
-shared link, queueing below saturation, ``--overlap``, the staleness bound.
+shared link, between hierarchical stages on a leader's link, ``--overlap``,
+the staleness bound.
 """
 
 from __future__ import annotations
@@ -44,7 +53,13 @@ from dataclasses import dataclass
 
 from .job import SimJob
 
-__all__ = ["Estimate", "estimate", "group_step_seconds", "link_between"]
+__all__ = [
+    "Estimate",
+    "estimate",
+    "group_step_seconds",
+    "hierarchical_step_seconds",
+    "link_between",
+]
 
 
 @dataclass(frozen=True)

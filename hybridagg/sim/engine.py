@@ -25,14 +25,22 @@ the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
 costs ``server_update_s + master bytes x server_byte_s`` of its host's time
 (the float32 master weights of its shard, whatever the wire).
-A bucket's hop of the all-reduce starts when backward has filled the
-bucket (the profile's bucket schedule), so the all-reduce overlaps the
-rest of backward as in a run. A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
-``bytes/n`` over the same links in turn, so one flow per link carries all
-of them (``2(n-1)/n x bytes``) and the phases' remaining ``2n-3``
-latencies are slept; this reproduces ``2(n-1)(latency + bytes/(n
-bandwidth))`` exactly and costs one simulated transfer per rank, not
-``2(n-1)`` (a Python actor costs about 150 us per simulated message).
+The reduction runs one collective per gradient bucket, one after another
+in the reducer's order, each starting when backward has filled its bucket
+(the profile's bucket schedule), so it overlaps the rest of backward as in
+a run; the buckets before the last run on a second actor per rank (the
+reducer's progress), fed through semaphores, and the worker runs the last
+one itself. A ring all-reduce bucket is one flow per ring link: its
+``2(n-1)`` phases move the same ``bytes/n`` over the same links in turn, so
+one flow per link carries all of them (``2(n-1)/n x bytes``) and the
+phases' remaining ``2n-3`` latencies are slept; every bucket so pays
+``2(n-1)(latency + bytes/(n bandwidth))`` exactly, at one simulated
+transfer per rank, not ``2(n-1)`` (a Python actor costs about 150 us per
+simulated message). Sync with several groups is hierarchical, as
+``SyncOptimizer`` is: per bucket a chain reduce to the leader, the
+leaders' ring, a chain broadcast, each stage an actor per rank so that the
+stages of different buckets overlap (with one bucket the worker runs them
+in turn itself).
 The broadcast is a pipelined chain: one flow of the full weights per link.
 """
 

@@ -12,12 +12,17 @@ Every figure is in seconds, bytes or bytes per second:
 * ``allreduce``: latency and bandwidth of an all-reduce inside a group
   (``time = 2(n-1)(latency + bytes / (n x bandwidth))``, fitted on measured
   sizes), ``None`` when measured with one rank;
-* ``server``: a server's seconds per update and per byte of its shard;
+* ``server``: a server's seconds per update and per byte of its shard
+  (calibrated: also a leader's transfer to it, latency and bandwidth, and
+  its measured capacity);
+* ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
+* ``amp``: the mixed precision the compute was measured under;
 * ``machine``: the profiled machine (cores, one core's memory-copy
   bandwidth), which is also the default cluster of ``hybridagg simulate``.
 
-Calibrated parameters (fitted on microbenchmarks) belong in the same file,
-so that a prediction names every number it used.
+Calibrated parameters (fitted on microbenchmarks by
+:func:`hybridagg.sim.calibrate.calibrate`) belong in the same file, so that
+a prediction names every number it used.
 """
 
 from __future__ import annotations
