@@ -561,3 +561,18 @@ def test_this_machine_runs_on_its_calibrated_fits():
     assert job.nodes[0]["server_link"] == {"bandwidth": 2e9, "latency": 3e-5}
     engine, model = simulate(job), estimate(job)
     assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)
+
+
+@needs_simgrid
+def test_analytic_tracks_leaders_in_convoy_on_a_saturated_server_link():
+    # four async leaders push 100 MB through one 10 Gbit/s server link:
+    # fair sharing ends their pushes together, so the link idles while the
+    # server updates and the leaders compute (the link's bound alone,
+    # 400 samples/s, overestimated SimGrid by 41%)
+    cluster = load_cluster("examples/clusters/four-workers-10g.yaml")
+    job = build_job(
+        options(mode="async", servers=1, steps=60, sample_ms=2.0), cluster, PROFILE
+    )
+    engine, model = simulate(job), estimate(job)
+    assert model.samples_per_sec < 0.9 * 32 / (1e8 / 1.25e9)  # below the bound
+    assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)

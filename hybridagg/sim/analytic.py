@@ -34,6 +34,9 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   same ``w`` in its queue, the one that makes ``sum_g 1 / (cycle_g + w)``
   the service rate (first come, first served). With one server and tiny
   transfers this is the service-rate bound ``1 / update time`` exactly.
+  When the server's link, not its update, is the bound and saturates, the
+  leaders fall into a convoy (fair sharing ends their pushes together):
+  see :func:`_convoy`.
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
   (M/D/1's mean wait), the load found by a fixed point. On a node of
@@ -478,8 +481,36 @@ def _steady(job: SimJob) -> Estimate:
                 break
     wait = _queue_wait(cycles, service)
     wait = max(wait, _cores_wait(job, cycles, update))
-    rate = sum(s / (c + wait) for s, c in zip(samples, cycles, strict=True))
-    return Estimate(rate, ideal, tuple(c + wait for c in cycles), server_wait_s=wait)
+    final = [c + wait for c in cycles]
+    link_bound = max(link)
+    if link_bound > max(busy) and sum(1.0 / c for c in cycles) > 1.0 / link_bound:
+        final = [
+            max(f, c) for f, c in zip(final, _convoy(cycles, link_bound), strict=True)
+        ]
+    rate = sum(s / c for s, c in zip(samples, final, strict=True))
+    mean_wait = sum(f - c for f, c in zip(final, cycles, strict=True)) / len(cycles)
+    return Estimate(rate, ideal, tuple(final), server_wait_s=mean_wait)
+
+
+def _convoy(cycles: list[float], link: float) -> list[float]:
+    """The groups' cycles when a server's link is saturated and is the
+    server's bound (``link`` seconds of it per update, more than an update).
+
+    The link is shared fairly, so concurrent pushes end together and the
+    leaders fall into a convoy: a round is the link carrying every group's
+    push back to back, then idle while the server updates, the replies
+    travel and the leaders compute, until the quickest leader pushes again
+    (its cycle less its push). A group slower than the round pushes once
+    per its own cycle: ``P = link x sum_g min(1, P / c_g) + min_g(c_g - link)``.
+    """
+    gap = max(0.0, min(c - link for c in cycles))
+    period = link * len(cycles) + gap
+    for _ in range(100):  # decreasing to its fixed point
+        new = link * sum(min(1.0, period / c) for c in cycles) + gap
+        if abs(new - period) <= 1e-12 * period:
+            break
+        period = new
+    return [max(c, period) for c in cycles]
 
 
 def _reply_copy_seconds(job: SimJob, server: dict) -> float:
