@@ -483,10 +483,9 @@ def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_pat
 
     assert fit_line([(1, 3), (2, 5), (4, 9)]) == pytest.approx((1, 2))
     assert fit_line([(1, 1), (2, 2)]) == pytest.approx((0, 1))
-    ar = tmp_path / "allreduce.json"
-    ar.write_text(
-        json.dumps(_allreduce_records(2, 3e-5, 4e9) + _allreduce_records(4, 5e-5, 2e9))
-    )
+    ar, ar4 = tmp_path / "allreduce.json", tmp_path / "allreduce-4.json"
+    ar.write_text(json.dumps(_allreduce_records(2, 3e-5, 4e9)))
+    ar4.write_text(json.dumps(_allreduce_records(4, 5e-5, 2e9)))
     ps = tmp_path / "ps.json"
     update = lambda b: 7e-5 + b * 3e-10  # noqa: E731
     trip = lambda b: 2 * (2e-5 + b / 6e9)  # noqa: E731
@@ -499,7 +498,7 @@ def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_pat
                 "updates_per_sec": 500.0, "nap_ms": 2.0, "capacity_bytes": 1 << 20}]
         )
     )  # fmt: skip
-    profile = calibrate(PROFILE, allreduce_json=ar, ps_json=ps)
+    profile = calibrate(PROFILE, allreduce_json=[ar, ar4], ps_json=ps)
     two, four = profile.allreduce_by_ranks
     assert (two.ranks, four.ranks) == (2, 4)
     assert two.latency_s == pytest.approx(3e-5) and two.bandwidth_Bps == pytest.approx(
@@ -515,7 +514,7 @@ def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_pat
     assert server.transfer_latency_s == pytest.approx(2e-5)
     assert server.transfer_Bps == pytest.approx(6e9)
     assert server.capacity == ((2.0, float(1 << 20), 500.0),)
-    assert profile.notes["calibrated_from"] == [str(ar), str(ps)]
+    assert profile.notes["calibrated_from"] == [str(ar), str(ar4), str(ps)]
     again = load_profile(save_profile(profile, tmp_path / "p.json"))
     assert again == profile
     with pytest.raises(ValueError, match="no hybridagg-flat or hybridagg records"):

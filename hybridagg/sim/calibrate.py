@@ -24,7 +24,7 @@ for this machine (see there).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -201,15 +201,32 @@ def _load(path: str | Path, what: str) -> Any:
         raise ValueError(f"{what} {path} is not valid JSON: {exc}") from None
 
 
+Paths = str | Path | Sequence[str | Path]
+
+
+def _paths(value: Paths) -> list[str]:
+    if isinstance(value, (str, Path)):
+        return [str(value)]
+    return [str(v) for v in value]
+
+
+def _load_all(paths: list[str], what: str) -> list[dict]:
+    records: list[dict] = []
+    for path in paths:
+        records += _records(_load(path, what), f"{what} {path}")
+    return records
+
+
 def calibrate(
     profile: Profile,
     *,
-    allreduce_json: str | Path | None = None,
-    ps_json: str | Path | None = None,
+    allreduce_json: Paths | None = None,
+    ps_json: Paths | None = None,
 ) -> Profile:
     """``profile`` with the fits of ``bench/allreduce.py --json`` and
-    ``bench/ps.py --json`` outputs (see the module); the files are named in
-    its notes (``calibrated_from``).
+    ``bench/ps.py --json`` outputs (see the module; each a file or several,
+    e.g. one per ``mpiexec -n``: their records are pooled); the files are
+    named in its notes (``calibrated_from``).
 
     Raises:
         ValueError: A missing or bad file, naming it.
@@ -219,16 +236,16 @@ def calibrate(
     notes = dict(profile.notes)
     sources = list(notes.get("calibrated_from", []))
     if allreduce_json is not None:
-        data = _load(allreduce_json, "all-reduce results")
-        profile = replace(
-            profile, allreduce_by_ranks=fit_allreduce(data, str(allreduce_json))
-        )
-        sources.append(str(allreduce_json))
+        paths = _paths(allreduce_json)
+        data = _load_all(paths, "all-reduce results")
+        fits = fit_allreduce(data, ", ".join(paths))
+        profile = replace(profile, allreduce_by_ranks=fits)
+        sources += paths
     if ps_json is not None:
-        data = _load(ps_json, "parameter-server results")
-        profile = replace(
-            profile, server=fit_server(data, profile.server, str(ps_json))
-        )
-        sources.append(str(ps_json))
+        paths = _paths(ps_json)
+        data = _load_all(paths, "parameter-server results")
+        server = fit_server(data, profile.server, ", ".join(paths))
+        profile = replace(profile, server=server)
+        sources += paths
     notes["calibrated_from"] = sources
     return replace(profile, notes=notes)
