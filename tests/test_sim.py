@@ -21,7 +21,14 @@ from hybridagg.sim import (
     simulate,
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
-from hybridagg.sim.profile import MachineInfo, Profile, ServerFit, save_profile
+from hybridagg.sim.analytic import estimate
+from hybridagg.sim.profile import (
+    AllreduceFit,
+    MachineInfo,
+    Profile,
+    ServerFit,
+    save_profile,
+)
 
 try:
     find_extension()
@@ -45,12 +52,16 @@ PROFILE = Profile(
 )
 
 
+TINY = Profile(**{**PROFILE.__dict__, "parameters": 1000})
+
+
 def options(**kw):
     base = dict(
         mode="sync", groups=None, servers=None, batch_size=32, slowdown=None,
         sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
         max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
-        stream_push=False, staleness_bound=None,
+        stream_push=False, staleness_bound=None, accumulate=1, amp="none",
+        device="cpu",
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
@@ -140,12 +151,80 @@ def test_adaptive_batches_follow_speed():
 # --------------------------------------------------------------- simulator
 @needs_simgrid
 @pytest.mark.parametrize("n", [2, 8])
-def test_sync_step_is_compute_plus_closed_form_ring(n):
-    bw, lat = 1e9, 1e-5
-    prediction = simulate(build_job(options(steps=3), gpus(n, bw, lat), PROFILE))
-    ring = ring_allreduce_seconds(n, 1e8, bw, lat)
-    assert prediction.time_s == pytest.approx(3 * (32 * 0.003 + ring), rel=1e-9)
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_sync_step_is_compute_plus_closed_form_ring(n, buckets):
+    # buckets all filled when backward ends: one ring all-reduce after
+    # another, each paying the ring's 2(n-1) latencies
+    profile = Profile(
+        **{**PROFILE.__dict__, "buckets": ((1.0, 1 / buckets),) * buckets}
+    )
+    bw, lat = 1e9, 1e-4
+    job = build_job(options(steps=3), gpus(n, bw, lat), profile)
+    prediction = simulate(job)
+    ring = ring_allreduce_seconds(n, 1e8, bw, lat, buckets=buckets)
+    assert ring > ring_allreduce_seconds(n, 1e8, bw, lat) or buckets == 1
+    step = 32 * 0.003 + ring  # (rel: a flow's bytes are whole)
+    assert prediction.time_s == pytest.approx(3 * step, rel=1e-8)
     assert prediction.samples == 3 * 32 * n
+    assert estimate(job).samples_per_sec == pytest.approx(32 * n / step, rel=1e-9)
+
+
+def nodes_of(count: int, per: int, intra=(1e9, 1e-5), inter=(2.5e8, 5e-5)):
+    node = NodeType(name="g", count=count, devices=per)
+    return ClusterSpec(
+        name="t", node_types=(node,), intra_node=LinkSpec(*intra),
+        inter_node=LinkSpec(*inter), servers=ServerPlacement(("g",), 1),
+    )  # fmt: skip
+
+
+@needs_simgrid
+def test_sync_with_groups_reduces_hierarchically_in_closed_form():
+    # SyncOptimizer with several groups: reduce to the leader (a pipelined
+    # chain), ring all-reduce across the leaders, broadcast (a chain)
+    (bw, lat), (xbw, xlat) = (1e9, 1e-5), (2.5e8, 5e-5)
+    job = build_job(options(steps=3, groups="node"), nodes_of(3, 4), PROFILE)
+    assert job.hierarchical and len(job.groups) == 3
+    chain = 3 * lat + 1e8 / bw  # n-1 latencies, the bytes once (pipelined)
+    # leaders on different nodes: intra + inter latency, the slower link
+    cross = ring_allreduce_seconds(3, 1e8, min(bw, xbw), lat + xlat)
+    step = 32 * 0.003 + chain + cross + chain
+    prediction = simulate(job)
+    assert prediction.time_s == pytest.approx(3 * step, rel=1e-8)  # whole bytes
+    assert prediction.samples == 3 * 32 * 12
+    assert estimate(job).samples_per_sec == pytest.approx(32 * 12 / step, rel=1e-9)
+    flat = build_job(options(steps=3), nodes_of(3, 4), PROFILE)
+    assert not flat.hierarchical and len(flat.groups) == 1
+
+
+@needs_simgrid
+def test_analytic_follows_a_changing_slowdown_like_the_engine():
+    # ranks 0-1 four times slower after 0.5 s: the t=0 level alone would
+    # overestimate the rate by far; the time-averaged phases track SimGrid
+    common = dict(steps=60, sample_ms=2.0, slowdown="0-1:1@0;0-1:4@0.5")
+    for extra in ({}, {"mode": "hybrid", "groups": "0-1,2-3"}):
+        job = build_job(options(**common, **extra), gpus(4, 1e10, 1e-5), TINY)
+        engine, model = simulate(job), estimate(job)
+        steady = estimate(job.frozen_at(0.0))
+        assert steady.samples_per_sec > 1.2 * engine.samples_per_sec
+        assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.02)
+        assert model.ideal_samples_per_sec == pytest.approx(
+            engine.ideal_samples_per_sec, rel=0.02
+        )
+
+
+@needs_simgrid
+def test_accumulate_fills_the_buckets_in_the_last_pass():
+    # two buckets, the first full at half of backward: with --accumulate 4
+    # only the last pass's backward (a quarter) overlaps the first bucket
+    profile = Profile(**{**PROFILE.__dict__, "buckets": ((0.5, 0.5), (1.0, 0.5))})
+    bw = 2e9
+    half = (2 * 1 / 2 * 1e8) / 2 / bw
+    total, backward = 32 * 0.003, 32 * 0.002 / 4
+    assert half > backward / 2  # the first bucket outlasts the last pass
+    job = build_job(options(steps=1, accumulate=4), gpus(2, bw, 0.0), profile)
+    expected = total - backward / 2 + 2 * half
+    assert simulate(job).time_s == pytest.approx(expected, rel=1e-9)
+    assert 2 * 32 / estimate(job).samples_per_sec == pytest.approx(expected, rel=1e-9)
 
 
 @needs_simgrid
@@ -234,6 +313,12 @@ def test_staleness_bound_holds_the_fast_group_to_the_slow_ones_pace():
 def test_unmodelled_options_are_refused():
     with pytest.raises(ValueError, match="does not model --stream-push"):
         build_job(options(mode="hybrid", stream_push=True), gpus(4), PROFILE)
+    with pytest.raises(ValueError, match="--amp bf16: the profile was measured"):
+        build_job(options(amp="bf16"), gpus(4), PROFILE)
+    with pytest.raises(ValueError, match="--device cuda:1: the profile was measured"):
+        build_job(options(device="cuda:1"), gpus(4), PROFILE)
+    bf16 = Profile(**{**PROFILE.__dict__, "amp": "bf16"})
+    assert build_job(options(amp="bf16", device="auto"), gpus(4), bf16).workers
 
 
 def test_simulate_takes_every_train_flag_and_its_own():
@@ -375,3 +460,118 @@ def test_a_node_type_may_bring_its_own_profile(tmp_path):
         ValueError, match=r"node_types\[1\] \(old\)\.profile: .* does not exist"
     ):
         load_cluster(path)
+
+
+# ------------------------------------------------------------- calibration
+def _allreduce_records(ranks: int, latency: float, bandwidth: float) -> list[dict]:
+    """bench/allreduce.py's --json records of an all-reduce that follows the
+    closed form exactly (and another implementation's, to be ignored)."""
+    out = []
+    for nbytes in (4096, 1 << 20, 64 << 20):
+        t = ring_allreduce_seconds(ranks, nbytes, bandwidth, latency)
+        for impl, scale in (("hybridagg-flat", 1.0), ("mpi4py", 0.5)):
+            out.append(
+                {"impl": impl, "ranks": ranks, "bytes": nbytes,
+                 "median_us": t * scale * 1e6, "avg_us": 1.0}
+            )  # fmt: skip
+    return out
+
+
+def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_path):
+    from hybridagg.sim import calibrate
+    from hybridagg.sim.calibrate import fit_line
+
+    assert fit_line([(1, 3), (2, 5), (4, 9)]) == pytest.approx((1, 2))
+    assert fit_line([(1, 1), (2, 2)]) == pytest.approx((0, 1))
+    ar, ar4 = tmp_path / "allreduce.json", tmp_path / "allreduce-4.json"
+    ar.write_text(json.dumps(_allreduce_records(2, 3e-5, 4e9)))
+    ar4.write_text(json.dumps(_allreduce_records(4, 5e-5, 2e9)))
+    ps = tmp_path / "ps.json"
+    update = lambda b: 7e-5 + b * 3e-10  # noqa: E731
+    trip = lambda b: 2 * (2e-5 + b / 6e9)  # noqa: E731
+    ps.write_text(
+        json.dumps(
+            [{"impl": "hybridagg-ps", "ranks": 2, "servers": 1, "bytes": b,
+              "median_us": trip(b) * 1e6, "update_us": update(b) * 1e6}
+             for b in (4096, 1 << 20, 64 << 20)]
+            + [{"impl": "hybridagg-ps", "leaders": 2, "servers": 1,
+                "updates_per_sec": 500.0, "nap_ms": 2.0, "capacity_bytes": 1 << 20}]
+        )
+    )  # fmt: skip
+    profile = calibrate(PROFILE, allreduce_json=[ar, ar4], ps_json=ps)
+    two, four = profile.allreduce_by_ranks
+    assert (two.ranks, four.ranks) == (2, 4)
+    assert two.latency_s == pytest.approx(3e-5) and two.bandwidth_Bps == pytest.approx(
+        4e9
+    )
+    assert four.latency_s == pytest.approx(
+        5e-5
+    ) and four.bandwidth_Bps == pytest.approx(2e9)
+    assert profile.allreduce_for(3) is four and profile.allreduce_for(2) is two
+    server = profile.server
+    assert server.seconds_per_update == pytest.approx(7e-5)
+    assert server.seconds_per_byte == pytest.approx(3e-10)
+    assert server.transfer_latency_s == pytest.approx(2e-5)
+    assert server.transfer_Bps == pytest.approx(6e9)
+    assert server.capacity == ((2.0, float(1 << 20), 500.0),)
+    assert profile.notes["calibrated_from"] == [str(ar), str(ar4), str(ps)]
+    again = load_profile(save_profile(profile, tmp_path / "p.json"))
+    assert again == profile
+    with pytest.raises(ValueError, match="no hybridagg-flat or hybridagg records"):
+        ps_as_allreduce = calibrate(PROFILE, allreduce_json=ps)
+        del ps_as_allreduce
+    with pytest.raises(ValueError, match="does not exist"):
+        calibrate(PROFILE, ps_json=tmp_path / "none.json")
+
+
+@needs_simgrid
+def test_this_machine_runs_on_its_calibrated_fits():
+    from hybridagg.sim import machine_cluster
+
+    fits = (
+        AllreduceFit(latency_s=4e-5, bandwidth_Bps=3e9, ranks=2),
+        AllreduceFit(latency_s=6e-5, bandwidth_Bps=1e9, ranks=4),
+    )
+    server = ServerFit(
+        seconds_per_update=0.004, seconds_per_byte=2e-10,
+        transfer_latency_s=3e-5, transfer_Bps=2e9,
+    )  # fmt: skip
+    profile = Profile(
+        **{**PROFILE.__dict__, "allreduce_by_ranks": fits, "server": server}
+    )
+    # two ranks on two cores: the step is compute plus the fitted all-reduce
+    job = build_job(options(steps=2), machine_cluster(profile, 2, 0), profile)
+    step = 32 * 0.003 + fits[0].seconds(1e8, 2)
+    assert simulate(job).time_s == pytest.approx(2 * step, rel=1e-9)
+    assert estimate(job).samples_per_sec == pytest.approx(64 / step, rel=1e-9)
+    # four ranks: the 4-rank fit, whose ranks shared the two cores as these do
+    job = build_job(options(steps=2), machine_cluster(profile, 4, 0), profile)
+    compute = 4 / 2 * 32 * 0.003
+    step = compute + fits[1].seconds(1e8, 4)
+    assert simulate(job).time_s == pytest.approx(2 * step, rel=1e-9)
+    assert estimate(job).samples_per_sec == pytest.approx(128 / step, rel=1e-9)
+    # hybrid on the machine: pushes to the co-located server take the
+    # servers' transfer fit; engine and analytic model agree
+    job = build_job(
+        options(mode="hybrid", groups="0-1,2-3", servers=1, steps=20),
+        machine_cluster(profile, 4, 1),
+        profile,
+    )
+    assert job.nodes[0]["server_link"] == {"bandwidth": 2e9, "latency": 3e-5}
+    engine, model = simulate(job), estimate(job)
+    assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)
+
+
+@needs_simgrid
+def test_analytic_tracks_leaders_in_convoy_on_a_saturated_server_link():
+    # four async leaders push 100 MB through one 10 Gbit/s server link:
+    # fair sharing ends their pushes together, so the link idles while the
+    # server updates and the leaders compute (the link's bound alone,
+    # 400 samples/s, overestimated SimGrid by 41%)
+    cluster = load_cluster("examples/clusters/four-workers-10g.yaml")
+    job = build_job(
+        options(mode="async", servers=1, steps=60, sample_ms=2.0), cluster, PROFILE
+    )
+    engine, model = simulate(job), estimate(job)
+    assert model.samples_per_sec < 0.9 * 32 / (1e8 / 1.25e9)  # below the bound
+    assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)

@@ -3,6 +3,8 @@
 * :mod:`.cluster`: cluster files (node types, links, where servers run);
 * :mod:`.profile`: profile files (what a model needs, measured by
   ``hybridagg profile``);
+* :mod:`.calibrate`: the model's parameters fitted on ``bench/allreduce.py``
+  and ``bench/ps.py`` records, stored in the profile;
 * :mod:`.job`: ``hybridagg train``'s options resolved against both;
 * :mod:`.engine`: the simulation on SimGrid's s4u API (a process of its own);
 * :mod:`.simulate`: runs it and reads the :class:`~.simulate.Prediction`;
@@ -17,6 +19,7 @@ Pure logic apart from :mod:`.engine`, which needs SimGrid (``make simgrid``;
 """
 
 from .analytic import Estimate, estimate
+from .calibrate import calibrate
 from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement, load_cluster
 from .job import SimJob, build_job, machine_cluster, ring_allreduce_seconds
 from .planfile import Plan, load_plan
@@ -40,6 +43,7 @@ __all__ = [
     "SimJob",
     "Space",
     "build_job",
+    "calibrate",
     "estimate",
     "exact_search",
     "load_cluster",

@@ -7,15 +7,23 @@ so groups, servers, batches and the slowdown mean the same in both, and
 follows the engine's step rule by rule (pure logic, no SimGrid):
 
 * **A group's step** (:func:`group_step_seconds`): each member computes its
-  batch (``SimJob.compute_seconds``) and sends its hop of the ring
-  all-reduce bucket by bucket as backward fills them. A hop's link is
-  work-conserving, so the last byte arrives at ``max_b(ready_b + latency +
-  sum_{j >= b} bytes_j / bandwidth)``; the step ends when the slowest
-  member's compute and hops end, plus the ring's ``2(n-1) - 1`` remaining
-  latencies. With one bucket that is compute plus the closed-form ring
-  ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's own
-  test checks. On a node of shared cores, compute that executes and the
-  hops (memory copies) share the cores: both stretch by ranks per core.
+  batch (``SimJob.compute_seconds``; with ``--accumulate`` the buckets fill
+  during the last pass) and reduces bucket after bucket as the reducer
+  posts them: bucket ``b`` ends at ``max(ready_b, end_{b-1}) + latency +
+  bytes_b / bandwidth + (2n-3) latency``, every bucket paying the ring's
+  ``2(n-1)`` latencies; the step ends when the slowest member's last
+  bucket does. With one bucket that is compute plus the closed-form ring
+  ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's
+  own test checks. On a node of shared cores, compute that executes and
+  the hops (memory copies, after the node's latency) share the cores: both
+  stretch by ranks per core.
+* **hierarchical sync** (:func:`hierarchical_step_seconds`, sync with
+  several groups): per bucket a chain reduce to each leader, the leaders'
+  ring, a chain broadcast, stage after stage and bucket after bucket (the
+  stages' contention on a leader's link is not modelled).
+* **a slowdown schedule**: each phase's steady state (``SimJob.frozen_at``),
+  walked until the run's steps or samples are done; the rate, the ideal
+  and the cycles are time-averaged over that run.
 * **sync**: samples of a step over the step.
 * **hybrid, async**: a group's cycle is its step, the leader's exchange
   (push a shard to each server, the update, the reply) and the broadcast
@@ -26,6 +34,9 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   same ``w`` in its queue, the one that makes ``sum_g 1 / (cycle_g + w)``
   the service rate (first come, first served). With one server and tiny
   transfers this is the service-rate bound ``1 / update time`` exactly.
+  When the server's link, not its update, is the bound and saturates, the
+  leaders fall into a convoy (fair sharing ends their pushes together):
+  see :func:`_convoy`.
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
   (M/D/1's mean wait), the load found by a fixed point. On a node of
@@ -34,7 +45,8 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   waits what keeps them within.
 
 Not modelled (the simulator's business): contention between groups on a
-shared link, queueing below saturation, ``--overlap``, the staleness bound.
+shared link, between hierarchical stages on a leader's link, ``--overlap``,
+the staleness bound.
 """
 
 from __future__ import annotations
@@ -44,7 +56,13 @@ from dataclasses import dataclass
 
 from .job import SimJob
 
-__all__ = ["Estimate", "estimate", "group_step_seconds", "link_between"]
+__all__ = [
+    "Estimate",
+    "estimate",
+    "group_step_seconds",
+    "hierarchical_step_seconds",
+    "link_between",
+]
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,16 @@ def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, b
     return min(bw_a, bw_b), lat_a + lat_b, False
 
 
+def _server_copy(job: SimJob, node: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a leader-server copy on a node of shared cores
+    (its calibrated ``server_link``, else its copies)."""
+    n = job.nodes[node]
+    link = n.get("server_link")
+    if link:
+        return float(link["bandwidth"]), float(link["latency"])
+    return float(n["memcpy_Bps"]), float(n["intra"]["latency"])
+
+
 def _share(job: SimJob, node: int, ranks_on_node: dict[int, int]) -> float:
     """How much a node of shared cores stretches what executes on it."""
     n = job.nodes[node]
@@ -100,53 +128,157 @@ def _share(job: SimJob, node: int, ranks_on_node: dict[int, int]) -> float:
 
 
 # ------------------------------------------------------------------- steps
-def group_step_seconds(job: SimJob, group: list[int]) -> float:
-    """Seconds of one step of ``group``: compute, then the bucketed ring
-    all-reduce overlapping backward (see the module)."""
+def _node_counts(job: SimJob) -> dict[int, int]:
     counts: dict[int, int] = {}
     for w in job.workers:
         counts[w["node"]] = counts.get(w["node"], 0) + 1
-    n = len(group)
-    nodes = [job.workers[r]["node"] for r in group]
-    # the ring's flows that leave (enter) each node share its NIC
+    return counts
+
+
+def _hops(
+    job: SimJob, ranks: list[int], pairs: list[tuple[int, int]]
+) -> list[tuple[float, float, bool]]:
+    """(bandwidth, latency, is a copy) of each hop ``(i, j)`` (positions in
+    ``ranks``), the flows that leave (enter) a node sharing its link."""
+    nodes = [job.workers[r]["node"] for r in ranks]
     leaving: dict[int, int] = {}
     entering: dict[int, int] = {}
-    if n > 1:
-        for i in range(n):
-            a, b = nodes[i], nodes[(i + 1) % n]
-            if a != b:
-                leaving[a] = leaving.get(a, 0) + 1
-                entering[b] = entering.get(b, 0) + 1
-    per_link = 2 * (n - 1) / n * job.grad_bytes if n > 1 else 0.0
-    slowest, max_latency = 0.0, 0.0
-    for i, r in enumerate(group):
-        batch = job.workers[r]["batch"]
-        stretch = _share(job, nodes[i], counts)
-        compute = job.compute_seconds(r, batch)
-        if not job.sleep_compute:
-            compute *= stretch
-        if n == 1:
-            slowest = max(slowest, compute)
-            continue
-        a, b = nodes[i], (nodes[(i + 1) % n])
+    for i, j in pairs:
+        a, b = nodes[i], nodes[j]
+        if a != b:
+            leaving[a] = leaving.get(a, 0) + 1
+            entering[b] = entering.get(b, 0) + 1
+    out = []
+    for i, j in pairs:
+        a, b = nodes[i], nodes[j]
         bw, lat, copy = link_between(job, a, b)
-        max_latency = max(max_latency, lat)
-        if copy:  # a memory copy on the cores compute also uses
-            slowest = max(slowest, compute + lat + per_link / bw * stretch)
-            continue
         if a != b:
             bw /= max(leaving.get(a, 1), entering.get(b, 1))
-        forward = compute * job.forward_share
-        backward = compute - forward
-        finish = compute
-        remaining = per_link
-        for ready, share in job.buckets:
-            finish = max(finish, forward + backward * ready + lat + remaining / bw)
-            remaining -= per_link * share
-        slowest = max(slowest, finish)
-    if n > 1:
-        slowest += (2 * (n - 1) - 1) * max_latency
+        out.append((bw, lat, copy))
+    return out
+
+
+def _compute_and_ready(
+    job: SimJob, rank: int, counts: dict[int, int]
+) -> tuple[float, list[float]]:
+    """A rank's step compute (stretched on shared cores) and when backward
+    fills each bucket (during the last of ``--accumulate``'s passes)."""
+    compute = job.compute_seconds(rank, job.workers[rank]["batch"])
+    if not job.sleep_compute:
+        compute *= _share(job, job.workers[rank]["node"], counts)
+    backward = compute / max(1, job.accumulate) * (1 - job.forward_share)
+    start = compute - backward
+    return compute, [start + backward * ready for ready, _ in job.buckets]
+
+
+def group_step_seconds(job: SimJob, group: list[int]) -> float:
+    """Seconds of one step of ``group`` (one ring all-reduce in the group:
+    sync with one group, hybrid, async): compute, each bucket's ring
+    all-reduce one after another as backward fills them (see the module)."""
+    counts = _node_counts(job)
+    n = len(group)
+    if n == 1:
+        return _compute_and_ready(job, group[0], counts)[0]
+    hops = _hops(job, group, [(i, (i + 1) % n) for i in range(n)])
+    rest = (2 * n - 3) * max(lat for _, lat, _ in hops)
+    per_link = 2 * (n - 1) / n * job.grad_bytes
+    slowest = 0.0
+    for i, r in enumerate(group):
+        compute, ready = _compute_and_ready(job, r, counts)
+        stretch = _share(job, job.workers[r]["node"], counts)
+        end = _bucket_chain(job, ready, hops[i], per_link, rest, stretch)
+        bw, lat, copy = hops[i]
+        if copy:  # copies run on the cores compute uses: after it, at the least
+            end = max(end, compute + len(job.buckets) * (lat + rest)
+                      + per_link / bw * stretch)  # fmt: skip
+        slowest = max(slowest, end)
     return slowest
+
+
+def _bucket_chain(
+    job: SimJob,
+    ready: list[float],
+    hop: tuple[float, float, bool],
+    per_link: float,
+    rest: float,
+    stretch: float = 1.0,
+    after: list[float] | None = None,
+) -> float:
+    """When a rank's last bucket is through one collective stage, one bucket
+    after another: bucket ``b`` starts when filled (``ready[b]``), when its
+    previous stage is done (``after[b]``) and when bucket ``b-1`` is through,
+    then pays its hop's latency, its bytes and the stage's ``rest`` latencies."""
+    bw, lat, copy = hop
+    t = 0.0
+    for b, (_ready, share) in enumerate(job.buckets):
+        start = max(ready[b], t, after[b] if after else 0.0)
+        t = start + lat + per_link * share / bw * (stretch if copy else 1.0) + rest
+    return t
+
+
+def hierarchical_step_seconds(job: SimJob) -> float:
+    """Seconds of one step of hierarchical sync (``SyncOptimizer`` with
+    several groups), bucket by bucket through three pipelined stages: a
+    chain reduce to each group's leader, a ring all-reduce across the
+    leaders, a chain broadcast in each group (see the module)."""
+    counts = _node_counts(job)
+    nb = len(job.buckets)
+    shares = [share for _, share in job.buckets]
+    to_cross: list[list[float]] = []
+    for g in job.groups:
+        n = len(g)
+        ready = [_compute_and_ready(job, r, counts)[1] for r in g]
+        if n == 1:
+            to_cross.append(ready[0])
+            continue
+        hops = _hops(job, g, [(i, i - 1) for i in range(1, n)])
+        rest = (n - 2) * max(lat for _, lat, _ in hops) if n > 2 else 0.0
+        barrier, arrive, out = 0.0, [0.0] * n, []
+        for b in range(nb):
+            # every member's reduce actor arrives after its hop; the leader's
+            # after its previous bucket's chain latencies
+            times = [max(ready[0][b], arrive[0])]
+            for i in range(1, n):
+                bw, lat, copy = hops[i - 1]
+                stretch = _share(job, job.workers[g[i]]["node"], counts) if copy else 1
+                times.append(
+                    max(ready[i][b], arrive[i]) + lat
+                    + job.grad_bytes * shares[b] / bw * stretch
+                )  # fmt: skip
+            barrier = max(times)
+            arrive = [barrier + rest] + [barrier] * (n - 1)
+            out.append(barrier + rest)
+        to_cross.append(out)
+    leaders = [g[0] for g in job.groups]
+    count = len(leaders)
+    hops = _hops(job, leaders, [(i, (i + 1) % count) for i in range(count)])
+    rest = (2 * count - 3) * max(lat for _, lat, _ in hops)
+    per_link = 2 * (count - 1) / count * job.grad_bytes
+    crossed, done = [], 0.0
+    for b in range(nb):
+        ends = []
+        for i in range(count):
+            bw, lat, _ = hops[i]
+            start = max(to_cross[i][b], done)
+            ends.append(start + lat + per_link * shares[b] / bw + rest)
+        done = max(ends)
+        crossed.append(done)
+    step = 0.0
+    for g in job.groups:
+        n = len(g)
+        if n == 1:
+            step = max(step, crossed[-1])
+            continue
+        hops = _hops(job, g, [(i, i + 1) for i in range(n - 1)])
+        rest = (n - 2) * max(lat for _, lat, _ in hops) if n > 2 else 0.0
+        end = 0.0
+        for b in range(nb):
+            start = max(crossed[b], end + rest if b else 0.0)
+            end = start + max(
+                lat + job.grad_bytes * shares[b] / bw for bw, lat, _ in hops
+            )
+        step = max(step, end + rest)
+    return step
 
 
 def _broadcast_seconds(job: SimJob, group: list[int]) -> float:
@@ -212,7 +344,9 @@ def _exchange_seconds(
     for s, seconds, on_link, lb, cb in zip(
         job.servers, update, link, link_busy, cpu_busy, strict=True
     ):
-        bw, lat, _ = link_between(job, leader, s["node"])
+        bw, lat, copy = link_between(job, leader, s["node"])
+        if copy:
+            bw, lat = _server_copy(job, leader)
         if s["node"] != leader:
             bw /= max(1, off_node)  # the leader's pushes share its uplink
             transfer = max(shard / bw / (1 - nic_busy), on_link / (1 - lb))
@@ -229,10 +363,63 @@ saturation (the waits grow without bound as it nears 1)."""
 
 
 def estimate(job: SimJob) -> Estimate:
-    """The analytic prediction for ``job`` (see the module)."""
+    """The analytic prediction for ``job`` (see the module): with a slowdown
+    schedule, each phase at its own level, time-averaged over the run."""
+    starts = job.phase_starts()
+    if len(starts) == 1:
+        return _steady(job)
+    phases = [_steady(job.frozen_at(t)) for t in starts]
+    # walk the phases until the run's updates (or samples) are done
+    want_updates = job.steps
+    want_samples = job.target_samples
+    updates = samples = elapsed = 0.0
+    weighted = [0.0] * len(job.groups)
+    for i, (start, phase) in enumerate(zip(starts, phases, strict=True)):
+        per_second = _updates_per_sec(job, phase)
+        end = starts[i + 1] if i + 1 < len(starts) else math.inf
+        span = end - start
+        left = []
+        if want_updates is not None and per_second > 0:
+            left.append((want_updates - updates) / per_second)
+        if want_samples is not None and phase.samples_per_sec > 0:
+            left.append((want_samples - samples) / phase.samples_per_sec)
+        span = min([span, *left]) if left else span
+        if not math.isfinite(span):  # no target: the last phase's level
+            span = 0.0 if elapsed > 0 else 1.0
+        updates += per_second * span
+        samples += phase.samples_per_sec * span
+        weighted = [
+            w + c * span for w, c in zip(weighted, phase.group_cycle_s, strict=True)
+        ]
+        elapsed += span
+        if left and span == min(left):
+            break
+    if elapsed <= 0:
+        return phases[0]
+    return Estimate(
+        samples / elapsed,
+        job.ideal_samples_per_sec(elapsed),
+        tuple(w / elapsed for w in weighted),
+        server_wait_s=phases[-1].server_wait_s,
+    )
+
+
+def _updates_per_sec(job: SimJob, phase: Estimate) -> float:
+    """Updates per second at ``phase``'s level (sync: steps; else versions)."""
+    if job.mode == "sync" or not job.servers:
+        return 1.0 / max(phase.group_cycle_s)
+    return sum(1.0 / c for c in phase.group_cycle_s)
+
+
+def _steady(job: SimJob) -> Estimate:
+    """The prediction at one slowdown level held throughout."""
     ideal = job.ideal_samples_per_sec()
-    steps = [group_step_seconds(job, g) for g in job.groups]
     samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
+    if job.hierarchical:
+        step = hierarchical_step_seconds(job)
+        total = sum(samples)
+        return Estimate(total / step, ideal, tuple(step for _ in job.groups))
+    steps = [group_step_seconds(job, g) for g in job.groups]
     if job.mode == "sync" or not job.servers:
         rate = sum(s / t for s, t in zip(samples, steps, strict=True) if t > 0)
         return Estimate(rate, ideal, tuple(steps))
@@ -294,8 +481,36 @@ def estimate(job: SimJob) -> Estimate:
                 break
     wait = _queue_wait(cycles, service)
     wait = max(wait, _cores_wait(job, cycles, update))
-    rate = sum(s / (c + wait) for s, c in zip(samples, cycles, strict=True))
-    return Estimate(rate, ideal, tuple(c + wait for c in cycles), server_wait_s=wait)
+    final = [c + wait for c in cycles]
+    link_bound = max(link)
+    if link_bound > max(busy) and sum(1.0 / c for c in cycles) > 1.0 / link_bound:
+        final = [
+            max(f, c) for f, c in zip(final, _convoy(cycles, link_bound), strict=True)
+        ]
+    rate = sum(s / c for s, c in zip(samples, final, strict=True))
+    mean_wait = sum(f - c for f, c in zip(final, cycles, strict=True)) / len(cycles)
+    return Estimate(rate, ideal, tuple(final), server_wait_s=mean_wait)
+
+
+def _convoy(cycles: list[float], link: float) -> list[float]:
+    """The groups' cycles when a server's link is saturated and is the
+    server's bound (``link`` seconds of it per update, more than an update).
+
+    The link is shared fairly, so concurrent pushes end together and the
+    leaders fall into a convoy: a round is the link carrying every group's
+    push back to back, then idle while the server updates, the replies
+    travel and the leaders compute, until the quickest leader pushes again
+    (its cycle less its push). A group slower than the round pushes once
+    per its own cycle: ``P = link x sum_g min(1, P / c_g) + min_g(c_g - link)``.
+    """
+    gap = max(0.0, min(c - link for c in cycles))
+    period = link * len(cycles) + gap
+    for _ in range(100):  # decreasing to its fixed point
+        new = link * sum(min(1.0, period / c) for c in cycles) + gap
+        if abs(new - period) <= 1e-12 * period:
+            break
+        period = new
+    return [max(c, period) for c in cycles]
 
 
 def _reply_copy_seconds(job: SimJob, server: dict) -> float:
@@ -306,7 +521,8 @@ def _reply_copy_seconds(job: SimJob, server: dict) -> float:
         return 0.0
     local = sum(1 for g in job.groups if job.workers[g[0]]["node"] == server["node"])
     shard = job.grad_bytes / len(job.servers)
-    return local / len(job.groups) * shard / float(node["memcpy_Bps"])
+    bw, lat = _server_copy(job, server["node"])
+    return local / len(job.groups) * (lat + shard / bw)
 
 
 def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
@@ -337,7 +553,7 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                 if s["node"] == n:
                     seconds += u
                     if leader == n:  # push and reply of the shard, copied
-                        seconds += 2 * job.grad_bytes / k / copy
+                        seconds += 2 * job.grad_bytes / k / _server_copy(job, n)[0]
             per_group.append(seconds)
         work[n] = per_group
     return work

@@ -25,14 +25,22 @@ the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
 costs ``server_update_s + master bytes x server_byte_s`` of its host's time
 (the float32 master weights of its shard, whatever the wire).
-A bucket's hop of the all-reduce starts when backward has filled the
-bucket (the profile's bucket schedule), so the all-reduce overlaps the
-rest of backward as in a run. A ring all-reduce is one flow per ring link: its ``2(n-1)`` phases move the same
-``bytes/n`` over the same links in turn, so one flow per link carries all
-of them (``2(n-1)/n x bytes``) and the phases' remaining ``2n-3``
-latencies are slept; this reproduces ``2(n-1)(latency + bytes/(n
-bandwidth))`` exactly and costs one simulated transfer per rank, not
-``2(n-1)`` (a Python actor costs about 150 us per simulated message).
+The reduction runs one collective per gradient bucket, one after another
+in the reducer's order, each starting when backward has filled its bucket
+(the profile's bucket schedule), so it overlaps the rest of backward as in
+a run; the buckets before the last run on a second actor per rank (the
+reducer's progress), fed through semaphores, and the worker runs the last
+one itself. A ring all-reduce bucket is one flow per ring link: its
+``2(n-1)`` phases move the same ``bytes/n`` over the same links in turn, so
+one flow per link carries all of them (``2(n-1)/n x bytes``) and the
+phases' remaining ``2n-3`` latencies are slept; every bucket so pays
+``2(n-1)(latency + bytes/(n bandwidth))`` exactly, at one simulated
+transfer per rank, not ``2(n-1)`` (a Python actor costs about 150 us per
+simulated message). Sync with several groups is hierarchical, as
+``SyncOptimizer`` is: per bucket a chain reduce to the leader, the
+leaders' ring, a chain broadcast, each stage an actor per rank so that the
+stages of different buckets overlap (with one bucket the worker runs them
+in turn itself).
 The broadcast is a pipelined chain: one flow of the full weights per link.
 """
 
@@ -78,6 +86,7 @@ class _Sim:
         self.engine = sg.Engine(["hybridagg-simulate", *SIMGRID_CONFIG])
         self.state = _State()
         self._latency: dict[tuple[int, int], float] = {}
+        self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
         self._build_platform()
 
     # ------------------------------------------------------------- platform
@@ -165,26 +174,46 @@ class _Sim:
             self._latency[key] = a.route_to(b)[1]
         return self._latency[key]
 
-    def start_transfer(self, a, b, nbytes: float):
-        """Start moving ``nbytes`` from host ``a`` to ``b``: a flow, or a memory
-        copy on their shared cores; returns the activity.
+    def transfer(self, a, b, nbytes: float, *, server: bool = False) -> None:
+        """Move ``nbytes`` from host ``a`` to ``b`` and wait: a flow (its
+        route's latency, then the bytes), or on a node of shared cores a
+        memory copy executed on its cores after the node's latency (the
+        analytic model charges both the same way).
 
         The calling actor must be on ``a`` (SimGrid 3.32's Python binding hangs
-        on an execution moved to another host, so copies run where their actor is).
+        on an execution moved to another host, so copies run where their actor
+        is). ``server``: a leader-server transfer (the node's ``server_link``
+        when its profile was calibrated on bench/ps.py).
         """
         sg = self.sg
-        if a.name == b.name:
-            node = self._shared_node(a)
-            seconds = nbytes / float(node["memcpy_Bps"]) if node else 0.0
-            return sg.this_actor.exec_async(seconds * a.speed)
-        return sg.Comm.sendto_async(a, b, round(nbytes))
+        if a.name != b.name:
+            sg.Comm.sendto_async(a, b, round(nbytes)).wait()
+            return
+        node = self._shared_node(a)
+        if node is None:
+            return
+        link = node.get("server_link") if server else None
+        bandwidth, latency = (
+            (link["bandwidth"], link["latency"])
+            if link
+            else (node["memcpy_Bps"], node["intra"]["latency"])
+        )
+        if latency > 0:
+            sg.this_actor.sleep_for(float(latency))
+        sg.this_actor.exec_async(nbytes / float(bandwidth) * a.speed).wait()
 
     def _ring_latency(self, ranks: list[int], closed: bool) -> float:
-        hosts = [self.worker_host[r] for r in ranks]
-        count = len(ranks) if closed else len(ranks) - 1
-        return max(
-            self.latency(hosts[i], hosts[(i + 1) % len(ranks)]) for i in range(count)
-        )
+        """The largest latency of the ring (``closed``) or chain over ``ranks``
+        (memoised: every rank asks every step, and a ring has 1,024 links)."""
+        key = (tuple(ranks), closed)
+        if key not in self._rings:
+            hosts = [self.worker_host[r] for r in ranks]
+            count = len(ranks) if closed else len(ranks) - 1
+            self._rings[key] = max(
+                self.latency(hosts[i], hosts[(i + 1) % len(ranks)])
+                for i in range(count)
+            )
+        return self._rings[key]
 
     # --------------------------------------------------------------- actors
     def _count(self, samples: int) -> None:
@@ -200,17 +229,20 @@ class _Sim:
             st.stop_updates, st.stop_samples = st.version, st.samples
 
     def worker(self, group: int, position: int) -> None:
-        """One worker: compute, its hop of the group's all-reduce, and (the
-        leader) the exchange with the servers, then its hop of the broadcast.
+        """One worker: compute (each bucket handed to this rank's reduction
+        actors when backward fills it), the end of the group's reduction,
+        and (the leader) the exchange with the servers, then its hop of the
+        broadcast.
 
         The members meet at the group's barrier where a step's data must all
-        have arrived: after the all-reduce's flows, after the leader's
-        exchange, after the broadcast's flows (sync: after the all-reduce
-        only). A member reads the stop decision only after a barrier that
-        follows the leader's writing it, and before the leader can write the
-        next one (behind the next step's barrier).
+        have arrived: after the reduction, after the leader's exchange, after
+        the broadcast's flows (sync: after the reduction only; hierarchical
+        sync: its last broadcast already kept every group in step). A member
+        reads the stop decision only after a barrier that follows the
+        leader's writing it, and before the leader can write the next one
+        (behind the next step's barrier).
         """
-        sg, job, st = self.sg, self.job, self.state
+        job, st = self.job, self.state
         ranks = job.groups[group]
         n = len(ranks)
         rank = ranks[position]
@@ -218,56 +250,67 @@ class _Sim:
         shared = self.groups_shared[group]
         leader = position == 0
         barrier = shared["barrier"]
-        nbytes = job.grad_bytes
-        ring_rest = (
-            (2 * (n - 1) - 1) * self._ring_latency(ranks, True) if n > 1 else 0.0
+        reduction = self.reduction.get(rank)  # (ready, done) semaphores
+        last_bucket = len(job.buckets) - 1
+        # nothing overlaps the last bucket's reduction: the worker runs it
+        # itself after the actors' buckets (an actor costs simulated events;
+        # one bucket needs none); hierarchical with several buckets: the
+        # stage actors run every bucket, pipelined
+        inline = (n > 1 or job.hierarchical) and (
+            not job.hierarchical or last_bucket == 0
         )
+        nbytes = job.grad_bytes
         chain_rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
         nxt = self.worker_host[ranks[(position + 1) % n]]
         batch = job.workers[rank]["batch"]
-        group_samples = sum(job.workers[r]["batch"] for r in ranks)
-        per_link = 2 * (n - 1) / n * nbytes
+        step_samples = sum(w["batch"] for w in job.workers)  # sync's update
+        passes = max(1, int(job.accumulate))
         steps_done = 0
         while True:
             if leader:  # the weights this step's gradient is computed on
                 shared["computed_on"] = shared["weights"]
-            # forward, then backward, each bucket's hop of the all-reduce
-            # starting when backward has filled it (it overlaps the rest)
             factor = job.factor(rank, self.engine.clock)
             if job.sleep_compute:
                 total = job.compute_seconds(rank, batch, self.engine.clock)
             else:  # an amount: the host's speed (and sharing) sets the time
                 total = job.workers[rank]["seconds_per_sample"] * batch * factor
-            # (compute between two hops is one activity: each costs a simcall)
-            backward = total * (1 - job.forward_share)
-            owed, done, hops = total * job.forward_share, 0.0, []
-            for ready, share in job.buckets:
+            # --accumulate: the passes before the last reduce nothing; the
+            # buckets fill during the last pass's backward, each handed to
+            # the reduction then (it overlaps the rest of backward)
+            last = total / passes
+            backward = last * (1 - job.forward_share)
+            owed, done = total - backward, 0.0
+            for b, (ready, _share) in enumerate(job.buckets):
                 owed += backward * (ready - done)
                 done = ready
-                if n > 1:
+                if reduction is not None and (job.hierarchical or b < last_bucket):
+                    # (compute between two buckets is one activity: each costs a simcall)
                     self._spend(owed)
                     owed = 0.0
-                    hops.append(self.start_transfer(host, nxt, per_link * share))
+                    reduction[0].release()
             self._spend(owed + backward * (1 - done))
-            for hop in hops:
-                hop.wait()
-            if n > 1:
-                barrier.wait()
-                if ring_rest > 0:
-                    sg.this_actor.sleep_for(ring_rest)
+            if reduction is not None:
+                reduction[1].acquire()
+            if inline:  # the last bucket (every stage), by this actor itself
+                self._reduce_inline(group, position, job.buckets[-1][1])
             if job.mode == "sync":
-                # one group: every member counts the updates itself (the same
-                # rule as _count), so no barrier is needed to stop together
+                if barrier is not None and not job.hierarchical:
+                    barrier.wait()
+                # every member counts the updates itself (the same rule as
+                # _count), so no barrier is needed to stop together
                 steps_done += 1
                 if leader:
-                    self._count(group_samples)
+                    if group == 0:
+                        self._count(step_samples)
                     st.group_times.setdefault(group, []).append(self.engine.clock)
                 if (job.steps is not None and steps_done >= job.steps) or (
                     job.target_samples is not None
-                    and steps_done * group_samples >= job.target_samples
+                    and steps_done * step_samples >= job.target_samples
                 ):
                     return
                 continue
+            if n > 1:
+                barrier.wait()
             if leader:
                 shared["bcast"] = self._leader_step(group, ranks)
                 shared["stop"] = st.stopped  # read by all after the barrier
@@ -276,14 +319,159 @@ class _Sim:
             stop = shared["stop"]
             if shared["bcast"] and n > 1:
                 if position < n - 1:
-                    self.start_transfer(host, nxt, nbytes).wait()
+                    self.transfer(host, nxt, nbytes)
                 barrier.wait()
                 if chain_rest > 0:
-                    sg.this_actor.sleep_for(chain_rest)
+                    self.sg.this_actor.sleep_for(chain_rest)
             if leader:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
             if stop:
                 return
+
+    # ----------------------------------------------------- the reduction
+    def ring(self, group: int, position: int) -> None:
+        """A rank's part of its group's ring all-reduce, one bucket after
+        another as the reducer posts them: one flow per bucket carrying its
+        ``2(n-1)/n`` share over the ring link, then the bucket's remaining
+        ``2n-3`` phase latencies (every bucket pays the ring's ``2(n-1)``); the
+        worker runs the last bucket itself (:meth:`_reduce_inline`)."""
+        sg, job = self.sg, self.job
+        sg.Actor.self().daemonize()
+        ranks = job.groups[group]
+        n = len(ranks)
+        host = self.worker_host[ranks[position]]
+        nxt = self.worker_host[ranks[(position + 1) % n]]
+        ready, done = self.reduction[ranks[position]]
+        per_link = 2 * (n - 1) / n * job.grad_bytes
+        rest = (2 * n - 3) * self._ring_latency(ranks, True)
+        while True:
+            for _ready, share in job.buckets[:-1]:  # (the worker runs the last)
+                ready.acquire()
+                self.transfer(host, nxt, per_link * share)
+                if rest > 0:
+                    sg.this_actor.sleep_for(rest)
+            done.release()
+
+    def _reduce_inline(self, group: int, position: int, share: float) -> None:
+        """One bucket's whole reduction on this rank's own actor, as
+        :meth:`ring` (flat) or the three stages one after another
+        (hierarchical, one bucket: nothing to pipeline)."""
+        sg, job = self.sg, self.job
+        ranks = job.groups[group]
+        n = len(ranks)
+        host = self.worker_host[ranks[position]]
+        if not job.hierarchical:
+            self.transfer(
+                host, self.worker_host[ranks[(position + 1) % n]],
+                2 * (n - 1) / n * job.grad_bytes * share,
+            )  # fmt: skip
+            rest = (2 * n - 3) * self._ring_latency(ranks, True)
+            if rest > 0:
+                sg.this_actor.sleep_for(rest)
+            return
+        shared = self.groups_shared[group]
+        chain = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
+        if position > 0:
+            self.transfer(
+                host, self.worker_host[ranks[position - 1]], job.grad_bytes * share
+            )
+        if n > 1:
+            shared["reduce_barrier"].wait()
+        if position == 0:
+            if chain > 0:
+                sg.this_actor.sleep_for(chain)
+            leaders = [g[0] for g in job.groups]
+            count = len(leaders)
+            self.transfer(
+                host, self.worker_host[leaders[(group + 1) % count]],
+                2 * (count - 1) / count * job.grad_bytes * share,
+            )  # fmt: skip
+            rest = (2 * count - 3) * self._ring_latency(leaders, True)
+            if rest > 0:
+                sg.this_actor.sleep_for(rest)
+            self.cross_barrier.wait()
+        if n > 1:
+            shared["bcast_barrier"].wait()  # the leader has the sum
+            if position < n - 1:
+                self.transfer(
+                    host, self.worker_host[ranks[position + 1]], job.grad_bytes * share
+                )
+            shared["bcast_barrier"].wait()
+            if chain > 0:
+                sg.this_actor.sleep_for(chain)
+
+    def reduce_stage(self, group: int, position: int) -> None:
+        """Hierarchical sync, per bucket: a pipelined chain reduce to the
+        leader (member ``i`` sends the bucket to ``i-1``, every link one flow,
+        then the chain's remaining ``n-2`` latencies)."""
+        sg, job = self.sg, self.job
+        sg.Actor.self().daemonize()
+        ranks = job.groups[group]
+        n = len(ranks)
+        host = self.worker_host[ranks[position]]
+        prev = self.worker_host[ranks[position - 1]] if position > 0 else None
+        ready, _done = self.reduction[ranks[position]]
+        shared = self.groups_shared[group]
+        rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
+        while True:
+            for _ready, share in job.buckets:
+                ready.acquire()
+                if prev is not None:
+                    self.transfer(host, prev, job.grad_bytes * share)
+                if n > 1:
+                    shared["reduce_barrier"].wait()
+                if position == 0:
+                    if rest > 0:
+                        sg.this_actor.sleep_for(rest)
+                    shared["to_cross"].release()
+
+    def cross_stage(self, group: int) -> None:
+        """Hierarchical sync, on a leader, per bucket: its hop of the ring
+        all-reduce across the leaders (as :meth:`ring`); the leaders meet
+        when every hop is done (the sum is complete nowhere before)."""
+        sg, job = self.sg, self.job
+        sg.Actor.self().daemonize()
+        leaders = [g[0] for g in job.groups]
+        count = len(leaders)
+        host = self.worker_host[leaders[group]]
+        nxt = self.worker_host[leaders[(group + 1) % count]]
+        shared = self.groups_shared[group]
+        per_link = 2 * (count - 1) / count * job.grad_bytes
+        rest = (2 * count - 3) * self._ring_latency(leaders, True)
+        while True:
+            for _ready, share in job.buckets:
+                shared["to_cross"].acquire()
+                self.transfer(host, nxt, per_link * share)
+                if rest > 0:
+                    sg.this_actor.sleep_for(rest)
+                self.cross_barrier.wait()
+                shared["to_bcast"].release()
+
+    def bcast_stage(self, group: int, position: int) -> None:
+        """Hierarchical sync, per bucket: the leader's sum down the group's
+        pipelined chain (as the hybrid broadcast); the rank's reduction is
+        done after the last bucket's."""
+        sg, job = self.sg, self.job
+        sg.Actor.self().daemonize()
+        ranks = job.groups[group]
+        n = len(ranks)
+        host = self.worker_host[ranks[position]]
+        nxt = self.worker_host[ranks[position + 1]] if position < n - 1 else None
+        _ready, done = self.reduction[ranks[position]]
+        shared = self.groups_shared[group]
+        rest = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
+        while True:
+            for _ready, share in job.buckets:
+                if position == 0:
+                    shared["to_bcast"].acquire()
+                if n > 1:
+                    shared["bcast_barrier"].wait()  # the leader has the sum
+                    if nxt is not None:
+                        self.transfer(host, nxt, job.grad_bytes * share)
+                    shared["bcast_barrier"].wait()
+                    if rest > 0:
+                        sg.this_actor.sleep_for(rest)
+            done.release()
 
     def _spend(self, amount: float) -> None:
         """Compute for ``amount`` (slept with ``--sample-ms``, else executed
@@ -312,7 +500,7 @@ class _Sim:
         for s, server in enumerate(self.server_host):
             size = shard
             if server.name == host.name:  # a memory copy, then a notice
-                self.start_transfer(host, server, shard).wait()
+                self.transfer(host, server, shard, server=True)
                 size = 0
             box = sg.Mailbox.by_name(f"server{s}")
             box.put_init((group, shared["computed_on"], samples), round(size)).detach()
@@ -360,7 +548,7 @@ class _Sim:
         leader_host = self.worker_host[self.job.groups[group][0]]
         size = shard
         if leader_host.name == host.name:  # a memory copy, then a notice
-            self.start_transfer(host, leader_host, shard).wait()
+            self.transfer(host, leader_host, shard, server=True)
             size = 0
         box = self.groups_shared[group]["mailbox"]
         box.put_init(version, round(size)).detach()
@@ -384,6 +572,29 @@ class _Sim:
             }
             for g, ranks in enumerate(job.groups)
         ]
+        for g, ranks in enumerate(job.groups):
+            if job.hierarchical:
+                self.groups_shared[g].update(
+                    reduce_barrier=sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
+                    bcast_barrier=sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
+                    to_cross=sg.Semaphore(0),
+                    to_bcast=sg.Semaphore(0),
+                )
+        self.cross_barrier = sg.Barrier(len(job.groups)) if job.hierarchical else None
+        self.reduction = {}
+        for g, ranks in enumerate(job.groups):
+            if len(job.buckets) == 1 or (len(ranks) == 1 and not job.hierarchical):
+                continue  # the worker reduces its one bucket itself
+            for i, r in enumerate(ranks):
+                self.reduction[r] = (sg.Semaphore(0), sg.Semaphore(0))
+                host = self.worker_host[r]
+                if not job.hierarchical:
+                    sg.Actor.create(f"ring{r}", host, self.ring, g, i)
+                    continue
+                sg.Actor.create(f"reduce{r}", host, self.reduce_stage, g, i)
+                sg.Actor.create(f"bcast{r}", host, self.bcast_stage, g, i)
+                if i == 0:
+                    sg.Actor.create(f"cross{r}", host, self.cross_stage, g)
         for s in range(len(job.servers)):
             sg.Actor.create(f"server{s}", self.server_host[s], self.server, s)
         for g, ranks in enumerate(job.groups):

@@ -17,7 +17,7 @@ in proportion to its summed speed).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from ..batching import proportional_batches
@@ -91,6 +91,13 @@ class SimJob:
         buckets: ``[share of backward done, share of the bytes]`` per
             gradient bucket in the order backward fills them: each bucket's
             all-reduce starts then, overlapping the rest of backward.
+        hierarchical: Sync with several groups (``SyncOptimizer``'s
+            hierarchical reduction): per bucket, a reduce to the group's
+            leader, an all-reduce across the leaders, a broadcast in the
+            group; else one ring all-reduce per group.
+        accumulate: Backward passes per update (``--accumulate``): the
+            batch's compute is split into that many passes and the buckets
+            fill during the last one only.
     """
 
     mode: str
@@ -112,6 +119,8 @@ class SimJob:
     staleness_bound: int | None = None
     forward_share: float = 1.0 / 3.0
     buckets: list[list[float]] = field(default_factory=lambda: [[1.0, 1.0]])
+    hierarchical: bool = False
+    accumulate: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -131,6 +140,19 @@ class SimJob:
             else:
                 break
         return float(current.get(str(rank), current.get(rank, 1.0)))
+
+    def phase_starts(self) -> list[float]:
+        """The simulated times at which the slowdown schedule changes (0 first)."""
+        return sorted({0.0} | {float(s) for s, _ in self.phases if s > 0})
+
+    def frozen_at(self, elapsed: float) -> SimJob:
+        """This job with the slowdown held at its level at ``elapsed`` throughout."""
+        factors = {
+            str(r): self.factor(r, elapsed)
+            for r in range(len(self.workers))
+            if self.factor(r, elapsed) != 1.0
+        }
+        return replace(self, phases=[[0.0, factors]] if factors else [])
 
     def compute_seconds(self, rank: int, batch: int, elapsed: float = 0.0) -> float:
         """Seconds of ``rank``'s compute for ``batch`` samples, uncontended."""
@@ -174,8 +196,24 @@ class SimJob:
 
 def machine_cluster(profile: Profile, workers: int, servers: int) -> ClusterSpec:
     """This machine as profiled: one node whose ranks share its cores, and
-    whose transfers are memory copies at one core's copy bandwidth."""
-    copies = LinkSpec(bandwidth=profile.machine.memcpy_Bps, latency=0.0)
+    whose transfers are memory copies on them.
+
+    Calibrated (:func:`hybridagg.sim.calibrate.calibrate`): a copy's latency
+    and one core's copy bandwidth are the all-reduce fit's at the group size
+    nearest ``workers`` (its measured ranks shared the cores: the bandwidth
+    per core is the fit's times ranks per core); else the profile's measured
+    copy bandwidth and no latency. The servers' transfer fit reaches the
+    simulation through :func:`build_job` (``server_link``).
+    """
+    fit = profile.allreduce_for(workers) if profile.allreduce_by_ranks else None
+    cores = profile.machine.cores
+    if fit is not None:
+        copies = LinkSpec(
+            bandwidth=fit.bandwidth_Bps * max(1.0, fit.ranks / cores),
+            latency=fit.latency_s,
+        )
+    else:
+        copies = LinkSpec(bandwidth=profile.machine.memcpy_Bps, latency=0.0)
     node = NodeType(
         name="this-machine", count=1, devices=workers, cores=profile.machine.cores
     )
@@ -232,6 +270,7 @@ def build_job(
             "hybridagg simulate does not model --stream-push yet (a push per "
             "bucket); leave it out"
         )
+    _check_profiled_as(options, profile)
     profiles: dict[str, Profile] = {}
     nodes: list[dict[str, Any]] = []
     node_index: list[tuple[int, NodeType]] = []
@@ -258,6 +297,13 @@ def build_job(
                     "memcpy_Bps": link.bandwidth,
                 }
             )
+            if t.shared_cores and profile.server.transfer_Bps > 0:
+                # this machine's memory, calibrated on bench/ps.py: a
+                # leader's transfer to a server on the node
+                nodes[-1]["server_link"] = {
+                    "bandwidth": profile.server.transfer_Bps,
+                    "latency": profile.server.transfer_latency_s,
+                }
             for d in range(t.devices):
                 workers.append(
                     {
@@ -306,6 +352,7 @@ def build_job(
         ),
         "buckets": [list(b) for b in profile.buckets] or [[1.0, 1.0]],
         "steps": options.steps,
+        "accumulate": int(getattr(options, "accumulate", 1)),
     }
     probe = SimJob(**job_args)
     speeds = [1.0 / probe.compute_seconds(r, 1) for r in range(num_workers)]
@@ -323,8 +370,6 @@ def build_job(
         if not options.groups
         else options.groups
     )
-    if options.mode == "sync":
-        spec = "world"
     topo = plan(spec, infos, world, servers=num_servers)
     if options.mode == "async" and any(len(g) > 1 for g in topo.groups):
         raise ValueError(
@@ -332,6 +377,9 @@ def build_job(
         )
     groups = [list(g) for g in topo.groups]
     job_args["groups"] = groups
+    # SyncOptimizer reduces hierarchically (group, leaders, group) with
+    # several groups: the simulation does what the run does
+    job_args["hierarchical"] = options.mode == "sync" and len(groups) > 1
     job_args["servers"] = [
         {"node": n, "speed": nodes[n]["server_speed"]}
         for n in _server_nodes(cluster, node_index, num_servers)
@@ -348,6 +396,31 @@ def build_job(
     elif options.steps is None:
         raise ValueError("give --steps N (or --epochs with --data or --samples)")
     return SimJob(**job_args)
+
+
+def _check_profiled_as(options: JobOptions, profile: Profile) -> None:
+    """Refuse ``--amp`` and ``--device`` the profile was not measured with
+    (its compute times would not be the run's)."""
+    accumulate = getattr(options, "accumulate", 1)
+    if (
+        isinstance(accumulate, bool)
+        or not isinstance(accumulate, int)
+        or accumulate < 1
+    ):
+        raise ValueError(f"--accumulate must be an integer >= 1, got {accumulate!r}")
+    amp = getattr(options, "amp", "none")
+    if amp != "none" and amp != profile.amp:
+        raise ValueError(
+            f"--amp {amp}: the profile was measured with --amp {profile.amp}; "
+            f"profile the model with --amp {amp} (hybridagg profile) to simulate it"
+        )
+    device = str(getattr(options, "device", "cpu"))
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "auto") and kind != profile.machine.device.split(":")[0]:
+        raise ValueError(
+            f"--device {device}: the profile was measured on "
+            f"{profile.machine.device}; profile the model on {kind} to simulate it"
+        )
 
 
 def _adaptive_batches(
@@ -376,9 +449,11 @@ def _adaptive_batches(
 
 
 def ring_allreduce_seconds(
-    ranks: int, nbytes: float, bandwidth: float, latency: float
+    ranks: int, nbytes: float, bandwidth: float, latency: float, buckets: int = 1
 ) -> float:
-    """The closed form of a ring all-reduce: ``2(n-1)(latency + bytes/(n bandwidth))``."""
+    """The closed form of a ring all-reduce of ``nbytes`` in ``buckets``
+    collectives one after another (all ready at once): each bucket pays the
+    ring's ``2(n-1)`` latencies, so ``2(n-1)(buckets x latency + bytes/(n bandwidth))``."""
     if ranks <= 1:
         return 0.0
-    return 2 * (ranks - 1) * (latency + nbytes / (ranks * bandwidth))
+    return 2 * (ranks - 1) * (buckets * latency + nbytes / (ranks * bandwidth))

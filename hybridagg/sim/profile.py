@@ -12,13 +12,18 @@ Every figure is in seconds, bytes or bytes per second:
 * ``allreduce``: latency and bandwidth of an all-reduce inside a group
   (``time = 2(n-1)(latency + bytes / (n x bandwidth))``, fitted on measured
   sizes), ``None`` when measured with one rank;
-* ``server``: a server's seconds per update and per byte of its shard;
+* ``server``: a server's seconds per update and per byte of its shard
+  (calibrated: also a leader's transfer to it, latency and bandwidth, and
+  its measured capacity);
+* ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
+* ``amp``: the mixed precision the compute was measured under;
 * ``machine``: the profiled machine (cores, one core's memory-copy
   bandwidth, the device and ``--amp`` precision the compute was timed in),
   which is also the default cluster of ``hybridagg simulate``.
 
-Calibrated parameters (fitted on microbenchmarks) belong in the same file,
-so that a prediction names every number it used.
+Calibrated parameters (fitted on microbenchmarks by
+:func:`hybridagg.sim.calibrate.calibrate`) belong in the same file, so that
+a prediction names every number it used.
 """
 
 from __future__ import annotations
@@ -88,11 +93,19 @@ class AllreduceFit:
 
 @dataclass(frozen=True)
 class ServerFit:
-    """A server's update cost: ``seconds_per_update + bytes x seconds_per_byte``."""
+    """A server's update cost: ``seconds_per_update + bytes x seconds_per_byte``,
+    and (calibrated on ``bench/ps.py``) a leader's transfer to it."""
 
     seconds_per_update: float
     seconds_per_byte: float
     points: tuple[tuple[float, float], ...] = ()
+    transfer_latency_s: float = 0.0
+    """one way's latency of a leader-server message (0: not measured)"""
+    transfer_Bps: float = 0.0
+    """a leader-server transfer's bandwidth (0: not measured; the node's
+    copies or links then carry it)"""
+    capacity: tuple[tuple[float, float, float], ...] = ()
+    """the measured capacity: (leaders, bytes of the model, updates per second)"""
 
     def seconds(self, nbytes: float) -> float:
         """The time of one update of a shard of ``nbytes``."""
@@ -133,6 +146,19 @@ class Profile:
     bytes); empty: the whole gradient is ready when backward ends"""
     batch: int = 0
     """the batch the compute was measured at"""
+    amp: str = "none"
+    """the mixed precision the compute was measured under (``--amp``)"""
+    allreduce_by_ranks: tuple[AllreduceFit, ...] = ()
+    """all-reduce fits per group size, calibrated on ``bench/allreduce.py``"""
+
+    def allreduce_for(self, ranks: int) -> AllreduceFit | None:
+        """The all-reduce fit measured at the group size nearest ``ranks``
+        (the calibrated ones first, else the profile's own)."""
+        fits = self.allreduce_by_ranks or ((self.allreduce,) if self.allreduce else ())
+        if not fits:
+            return None
+        return min(fits, key=lambda f: (abs(f.ranks - ranks), -f.ranks))
+
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -180,6 +206,33 @@ def _points(where: str, data: Any) -> tuple[tuple[float, float], ...]:
             )
         )
     return tuple(out)
+
+
+def _capacity(where: str, data: Any) -> tuple[tuple[float, float, float], ...]:
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{where}capacity must be a list of [leaders, bytes, updates/s]"
+        )
+    out = []
+    for i, p in enumerate(data):
+        if not (isinstance(p, list) and len(p) == 3):
+            raise ValueError(
+                f"{where}capacity[{i}] must be [leaders, bytes, updates/s], got {p!r}"
+            )
+        out.append(tuple(_check(where, f"capacity[{i}]", v) for v in p))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def _allreduce(ar: dict, where: str) -> AllreduceFit:
+    ranks = _need(ar, "ranks", where)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise ValueError(f"{where}ranks must be an integer >= 2, got {ranks!r}")
+    return AllreduceFit(
+        latency_s=_check(where, "latency_s", _need(ar, "latency_s", where), zero=True),
+        bandwidth_Bps=_check(where, "bandwidth_Bps", _need(ar, "bandwidth_Bps", where)),
+        ranks=ranks,
+        points=_points(where, ar.get("points", [])),
+    )
 
 
 def _section(
@@ -248,6 +301,16 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
             zero=True,
         ),
         points=_points(f"{where}server.", srv.get("points", [])),
+        transfer_latency_s=_check(
+            f"{where}server.",
+            "transfer_latency_s",
+            srv.get("transfer_latency_s", 0.0),
+            zero=True,
+        ),
+        transfer_Bps=_check(
+            f"{where}server.", "transfer_Bps", srv.get("transfer_Bps", 0.0), zero=True
+        ),
+        capacity=_capacity(f"{where}server.", srv.get("capacity", [])),
     )
     mach = _section(data, "machine", where)
     cores = _need(mach, "cores", f"{where}machine.")
@@ -264,28 +327,16 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         amp=_amp(mach.get("amp", "none"), f"{where}machine."),
     )
     ar = _section(data, "allreduce", where, optional=True)
-    allreduce = None
-    if ar is not None:
-        ranks = _need(ar, "ranks", f"{where}allreduce.")
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-            raise ValueError(
-                f"{where}allreduce.ranks must be an integer >= 2, got {ranks!r}"
-            )
-        allreduce = AllreduceFit(
-            latency_s=_check(
-                f"{where}allreduce.",
-                "latency_s",
-                _need(ar, "latency_s", f"{where}allreduce."),
-                zero=True,
-            ),
-            bandwidth_Bps=_check(
-                f"{where}allreduce.",
-                "bandwidth_Bps",
-                _need(ar, "bandwidth_Bps", f"{where}allreduce."),
-            ),
-            ranks=ranks,
-            points=_points(f"{where}allreduce.", ar.get("points", [])),
-        )
+    allreduce = None if ar is None else _allreduce(ar, f"{where}allreduce.")
+    by_ranks = data.get("allreduce_by_ranks", [])
+    if not isinstance(by_ranks, list):
+        raise ValueError(f"{where}allreduce_by_ranks must be a list of fits")
+    fits = []
+    for i, fit in enumerate(by_ranks):
+        fw = f"{where}allreduce_by_ranks[{i}]."
+        if not isinstance(fit, dict):
+            raise ValueError(f"{fw[:-1]} must be a mapping")
+        fits.append(_allreduce(fit, fw))
     layers = []
     for i, layer in enumerate(data.get("layers", [])):
         lw = f"{where}layers[{i}]."
@@ -319,6 +370,9 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
     batch = data.get("batch", 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
+    amp = data.get("amp", "none")
+    if amp not in ("none", "bf16", "fp16"):
+        raise ValueError(f"{where}amp must be none, bf16 or fp16, got {amp!r}")
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         raise ValueError(f"{where}notes must be a mapping")
@@ -350,6 +404,8 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         layers=tuple(layers),
         buckets=tuple(buckets),
         batch=batch,
+        amp=amp,
+        allreduce_by_ranks=tuple(fits),
         notes=notes,
     )
 

@@ -1,0 +1,251 @@
+"""Calibration: the model's parameters fitted on microbenchmarks (pure logic).
+
+The issue's rule: fit on microbenchmarks only, store the fits in the
+profile, validate on training runs without refitting. :func:`calibrate`
+reads the ``--json`` records of ``bench/allreduce.py`` and ``bench/ps.py``
+and returns the profile with:
+
+* ``allreduce_by_ranks``: per group size measured, the all-reduce's
+  ``2(n-1)(latency + bytes/(n bandwidth))`` fitted on the median times of
+  hybridagg's own flat all-reduce (``hybridagg-flat``; ``hybridagg``, the
+  bucketed optimizer, where the flat one was not run);
+* ``server``: the optimizer's time per update and per byte of a shard
+  (``update_us`` at each size, divided among the servers, plus a saturated
+  capacity run's service time, ``1 / updates per second``), and a leader's
+  transfer to a server (``hybridagg-ps``'s round trips without the update:
+  ``2(latency + bytes/bandwidth)``), with the capacity records kept.
+
+Each line is fitted by least squares on relative error (weights ``1/t^2``:
+4 KiB and 256 MiB count alike), its intercept held at 0 or more.
+:func:`hybridagg.sim.job.machine_cluster` and the simulator then use them
+for this machine (see there).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .profile import AllreduceFit, Profile, ServerFit
+
+__all__ = ["calibrate", "fit_allreduce", "fit_line", "fit_server"]
+
+ALLREDUCE_IMPLS = ("hybridagg-flat", "hybridagg")
+"""bench/allreduce.py's rows that are hybridagg's own reduction, preferred first."""
+
+
+def fit_line(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b)`` of ``t = a + b x`` on ``(x, t)`` points, least squares on
+    relative error, ``a >= 0`` and ``b >= 0``.
+
+    Raises:
+        ValueError: Fewer than one point, or a time that is not positive.
+    """
+    pts = [(float(x), float(t)) for x, t in points]
+    if not pts:
+        raise ValueError("no points to fit")
+    if any(t <= 0 for _, t in pts):
+        raise ValueError("every measured time must be positive")
+    w = [1.0 / (t * t) for _, t in pts]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, pts, strict=True))
+    st = sum(wi * t for wi, (_, t) in zip(w, pts, strict=True))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts, strict=True))
+    sxt = sum(wi * x * t for wi, (x, t) in zip(w, pts, strict=True))
+    det = sw * sxx - sx * sx
+    if len(pts) > 1 and det > 0:
+        a = (sxx * st - sx * sxt) / det
+        b = (sw * sxt - sx * st) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    # a constraint binds: the better of a line through 0 and a constant
+    through = (sxt / sxx, 0.0) if sxx > 0 else (0.0, 0.0)
+    constant = (st / sw, 0.0)
+
+    def error(a: float, b: float) -> float:
+        return sum(wi * (a + b * x - t) ** 2 for wi, (x, t) in zip(w, pts, strict=True))
+
+    if sxx > 0 and error(0.0, through[0]) <= error(*constant):
+        return 0.0, through[0]
+    return constant
+
+
+def _records(data: Any, what: str) -> list[dict]:
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(f"{what}: expected a JSON list of records (its --json output)")
+    return data
+
+
+def fit_allreduce(
+    records: list[dict], source: str = "bench/allreduce.py"
+) -> tuple[AllreduceFit, ...]:
+    """One :class:`AllreduceFit` per group size in ``bench/allreduce.py``'s records.
+
+    Raises:
+        ValueError: No record of hybridagg's all-reduce with 2 ranks or more.
+    """
+    records = _records(records, source)
+    impls = {r.get("impl") for r in records}
+    impl = next((i for i in ALLREDUCE_IMPLS if i in impls), None)
+    if impl is None:
+        raise ValueError(
+            f"{source}: no {' or '.join(ALLREDUCE_IMPLS)} records "
+            f"(found {sorted(str(i) for i in impls)})"
+        )
+    by_ranks: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        if r.get("impl") != impl or r.get("wire", "fp32") != "fp32":
+            continue
+        try:
+            ranks, nbytes, us = (
+                int(r["ranks"]),
+                float(r["bytes"]),
+                float(r["median_us"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{source}: a record lacks ranks, bytes or median_us: {r}"
+            ) from None
+        if ranks >= 2 and us > 0:
+            by_ranks.setdefault(ranks, []).append((nbytes, us * 1e-6))
+    if not by_ranks:
+        raise ValueError(f"{source}: no {impl} record with 2 ranks or more")
+    fits = []
+    for ranks, points in sorted(by_ranks.items()):
+        a, b = fit_line(points)
+        # a = 2(n-1) latency, b = 2(n-1) / (n bandwidth)
+        latency = a / (2 * (ranks - 1))
+        bandwidth = 2 * (ranks - 1) / (ranks * b) if b > 0 else float("inf")
+        if bandwidth == float("inf"):
+            raise ValueError(
+                f"{source}: {ranks} ranks' times do not grow with the bytes"
+            )
+        fits.append(
+            AllreduceFit(
+                latency_s=latency,
+                bandwidth_Bps=bandwidth,
+                ranks=ranks,
+                points=tuple(sorted(points)),
+            )
+        )
+    return tuple(fits)
+
+
+def fit_server(
+    records: list[dict], base: ServerFit, source: str = "bench/ps.py"
+) -> ServerFit:
+    """The servers' fit from ``bench/ps.py``'s records (fp32 wire), keeping
+    ``base``'s values where the records measure nothing.
+
+    Raises:
+        ValueError: Records of neither latency nor capacity.
+    """
+    records = _records(records, source)
+    update: dict[float, list[float]] = {}
+    trips: list[tuple[float, float]] = []
+    capacity: list[tuple[float, float, float]] = []
+    for r in records:
+        if r.get("wire", "fp32") != "fp32":
+            continue
+        if "updates_per_sec" in r:
+            nbytes = float(r.get("capacity_bytes", 2**20))  # (its default)
+            capacity.append((float(r["leaders"]), nbytes, float(r["updates_per_sec"])))
+            if float(r.get("nap_ms", 1.0)) == 0.0:  # saturated: the service time
+                update.setdefault(nbytes / max(1, int(r.get("servers", 1))), []).append(
+                    1.0 / float(r["updates_per_sec"])
+                )
+            continue
+        if (
+            r.get("impl") == "hybridagg-ps"
+            and "median_us" in r
+            and int(r.get("servers", 1)) == 1
+        ):
+            trips.append(
+                (
+                    float(r["bytes"]) / int(r.get("servers", 1)),
+                    float(r["median_us"]) * 1e-6,
+                )
+            )
+        if "update_us" in r and r.get("impl") == "hybridagg-ps":
+            shard = float(r["bytes"]) / int(r.get("servers", 1))
+            update.setdefault(shard, []).append(float(r["update_us"]) * 1e-6)
+    if not update and not trips:
+        raise ValueError(f"{source}: no latency or saturated capacity records")
+    fit = base
+    if update:
+        points = sorted((x, sorted(ts)[len(ts) // 2]) for x, ts in update.items())
+        a, b = fit_line(points)
+        fit = replace(
+            fit, seconds_per_update=a, seconds_per_byte=b, points=tuple(points)
+        )
+    if trips:
+        # the round trip: a shard out and back, 2(latency + bytes/bandwidth)
+        a, b = fit_line(trips)
+        fit = replace(
+            fit,
+            transfer_latency_s=a / 2,
+            transfer_Bps=2 / b if b > 0 else 0.0,
+        )
+    return replace(fit, capacity=tuple(sorted(capacity)))
+
+
+def _load(path: str | Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path} does not exist") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+Paths = str | Path | Sequence[str | Path]
+
+
+def _paths(value: Paths) -> list[str]:
+    if isinstance(value, (str, Path)):
+        return [str(value)]
+    return [str(v) for v in value]
+
+
+def _load_all(paths: list[str], what: str) -> list[dict]:
+    records: list[dict] = []
+    for path in paths:
+        records += _records(_load(path, what), f"{what} {path}")
+    return records
+
+
+def calibrate(
+    profile: Profile,
+    *,
+    allreduce_json: Paths | None = None,
+    ps_json: Paths | None = None,
+) -> Profile:
+    """``profile`` with the fits of ``bench/allreduce.py --json`` and
+    ``bench/ps.py --json`` outputs (see the module; each a file or several,
+    e.g. one per ``mpiexec -n``: their records are pooled); the files are
+    named in its notes (``calibrated_from``).
+
+    Raises:
+        ValueError: A missing or bad file, naming it.
+    """
+    if allreduce_json is None and ps_json is None:
+        raise ValueError("calibrate needs allreduce_json, ps_json or both")
+    notes = dict(profile.notes)
+    sources = list(notes.get("calibrated_from", []))
+    if allreduce_json is not None:
+        paths = _paths(allreduce_json)
+        data = _load_all(paths, "all-reduce results")
+        fits = fit_allreduce(data, ", ".join(paths))
+        profile = replace(profile, allreduce_by_ranks=fits)
+        sources += paths
+    if ps_json is not None:
+        paths = _paths(ps_json)
+        data = _load_all(paths, "parameter-server results")
+        server = fit_server(data, profile.server, ", ".join(paths))
+        profile = replace(profile, server=server)
+        sources += paths
+    notes["calibrated_from"] = sources
+    return replace(profile, notes=notes)
