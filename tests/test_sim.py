@@ -317,7 +317,8 @@ def test_unmodelled_options_are_refused():
         build_job(options(amp="bf16"), gpus(4), PROFILE)
     with pytest.raises(ValueError, match="--device cuda:1: the profile was measured"):
         build_job(options(device="cuda:1"), gpus(4), PROFILE)
-    bf16 = Profile(**{**PROFILE.__dict__, "amp": "bf16"})
+    machine = MachineInfo(**{**PROFILE.machine.__dict__, "amp": "bf16"})
+    bf16 = Profile(**{**PROFILE.__dict__, "machine": machine})
     assert build_job(options(amp="bf16", device="auto"), gpus(4), bf16).workers
 
 

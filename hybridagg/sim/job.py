@@ -409,9 +409,9 @@ def _check_profiled_as(options: JobOptions, profile: Profile) -> None:
     ):
         raise ValueError(f"--accumulate must be an integer >= 1, got {accumulate!r}")
     amp = getattr(options, "amp", "none")
-    if amp != "none" and amp != profile.amp:
+    if amp != "none" and amp != profile.machine.amp:
         raise ValueError(
-            f"--amp {amp}: the profile was measured with --amp {profile.amp}; "
+            f"--amp {amp}: the profile was measured with --amp {profile.machine.amp}; "
             f"profile the model with --amp {amp} (hybridagg profile) to simulate it"
         )
     device = str(getattr(options, "device", "cpu"))

@@ -16,7 +16,6 @@ Every figure is in seconds, bytes or bytes per second:
   (calibrated: also a leader's transfer to it, latency and bandwidth, and
   its measured capacity);
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
-* ``amp``: the mixed precision the compute was measured under;
 * ``machine``: the profiled machine (cores, one core's memory-copy
   bandwidth, the device and ``--amp`` precision the compute was timed in),
   which is also the default cluster of ``hybridagg simulate``.
@@ -146,8 +145,6 @@ class Profile:
     bytes); empty: the whole gradient is ready when backward ends"""
     batch: int = 0
     """the batch the compute was measured at"""
-    amp: str = "none"
-    """the mixed precision the compute was measured under (``--amp``)"""
     allreduce_by_ranks: tuple[AllreduceFit, ...] = ()
     """all-reduce fits per group size, calibrated on ``bench/allreduce.py``"""
 
@@ -370,9 +367,6 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
     batch = data.get("batch", 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
-    amp = data.get("amp", "none")
-    if amp not in ("none", "bf16", "fp16"):
-        raise ValueError(f"{where}amp must be none, bf16 or fp16, got {amp!r}")
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         raise ValueError(f"{where}notes must be a mapping")
@@ -404,7 +398,6 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         layers=tuple(layers),
         buckets=tuple(buckets),
         batch=batch,
-        amp=amp,
         allreduce_by_ranks=tuple(fits),
         notes=notes,
     )
