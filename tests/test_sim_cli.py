@@ -8,6 +8,7 @@ rank, no hang), the device policy of the profiler and its optimizer.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -146,6 +147,31 @@ def test_profile_records_device_amp_and_optimizer(tmp_path):
     assert (profile.machine.device, profile.machine.amp) == ("cpu", "bf16")
     assert profile.notes["optimizer"] == "adam"
     assert profile.sample_seconds > 0 and profile.allreduce is None
+
+
+def test_profile_is_calibrated_on_the_microbenchmarks_it_is_given(tmp_path, capsys):
+    from hybridagg.cli import main
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "results"
+    base = ["profile", "--model", "mlp", "--sample-shape", "64", "--classes", "10",
+            "--batch-size", "8", "--reps", "1"]  # fmt: skip
+    plain, fitted = tmp_path / "plain.json", tmp_path / "fitted.json"
+    assert main([*base, "--out", str(plain)]) == 0
+    allreduce = f"{bench / 'allreduce-2.json'},{bench / 'allreduce-4.json'}"
+    code = main(
+        [*base, "--out", str(fitted), "--calibrate-allreduce", allreduce,
+         "--calibrate-ps", str(bench / "ps.json")]
+    )  # fmt: skip
+    assert code == 0
+    before, after = load_profile(plain), load_profile(fitted)
+    assert before.allreduce_by_ranks == () and "calibrated_from" not in before.notes
+    assert {fit.ranks for fit in after.allreduce_by_ranks} == {2, 4}
+    assert len(after.notes["calibrated_from"]) == 3
+    assert after.server.transfer_Bps and after.server != before.server
+    # a file that is not there: refused before any timing, naming the flag
+    code = main([*base, "--out", str(fitted), "--calibrate-ps", "nowhere.json"])
+    assert code == 2
+    assert "--calibrate-ps: nowhere.json is not a file" in capsys.readouterr().err
 
 
 def test_profile_refuses_a_bad_model_and_a_missing_folder(tmp_path, capsys):

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..sim.calibrate import calibrate
 from ..sim.profile import AllreduceFit, Profile, save_profile
 from .config.simulation import PlanConfig, ProfileConfig
 from .models import build_model, check_fits
@@ -104,7 +105,7 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
     # a model that does not take the samples: one clear ValueError, not a
     # traceback from inside the timed forward
     check_fits(model, shape, classes, cfg.model, torch.device("cpu"), cfg.loss)
-    return profile_model(
+    profile = profile_model(
         model,
         cfg.model,
         shape,
@@ -115,6 +116,10 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
         synchronize=synchronize,
         amp=cfg.amp,
     )
+    inputs = cfg.calibration()
+    # fitted on the microbenchmarks only (never on training runs): the
+    # simulator is then validated on training runs it was not fitted to
+    return calibrate(profile, **inputs) if inputs else profile
 
 
 def profile_for_plan(cfg: PlanConfig, reps: int = 3) -> Profile:

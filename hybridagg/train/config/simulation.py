@@ -13,6 +13,7 @@ Pure logic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ...devices import check_device_spec
@@ -87,6 +88,11 @@ class SimulateConfig(SimulationOptions, TrainConfig):
             )
 
 
+def calibration_files(value: str | None) -> list[str]:
+    """A comma-separated list of files (``None``: none)."""
+    return [f for f in (value or "").split(",") if f]
+
+
 SIMULATE_CONCERNS: tuple[type, ...] = (SimulationOptions, *CONCERNS)
 """The concerns of ``hybridagg simulate``, in the order of its ``--help``."""
 
@@ -121,9 +127,24 @@ class ProfileOptions(Concern):
     """mixed precision of the timed forward, as hybridagg train's --amp: none,
     bf16, or fp16 (CUDA only)"""
 
+    calibrate_allreduce: str | None = None
+    """bench/allreduce.py --json outputs (comma-separated; e.g. one per
+    mpiexec -n): the simulator's all-reduce and copies are fitted on them"""
+
+    calibrate_ps: str | None = None
+    """bench/ps.py --json outputs (comma-separated): a server's update and a
+    leader's transfer to it are fitted on them"""
+
     def _check(self) -> None:
         if self.data is None and (self.sample_shape is None or self.classes is None):
             raise ValueError("give --data FILE.h5, or --sample-shape and --classes")
+        for flag, files in (
+            ("--calibrate-allreduce", self.calibrate_allreduce),
+            ("--calibrate-ps", self.calibrate_ps),
+        ):
+            for name in calibration_files(files):
+                if not Path(name).is_file():
+                    raise ValueError(f"{flag}: {name} is not a file")
         if self.sample_shape is not None:
             self.parsed_shape()
         check_device_spec(self.device)  # the spelling; whether CUDA is there, later
@@ -132,6 +153,15 @@ class ProfileOptions(Concern):
                 "--amp fp16 needs --device cuda: autocast on the CPU computes in "
                 "bf16 (--amp bf16)"
             )
+
+    def calibration(self) -> dict[str, list[str]]:
+        """The calibration's inputs as ``hybridagg.sim.calibrate``'s keywords
+        (empty: the profile is not calibrated)."""
+        given = {
+            "allreduce_json": calibration_files(self.calibrate_allreduce),
+            "ps_json": calibration_files(self.calibrate_ps),
+        }
+        return {k: v for k, v in given.items() if v}
 
     def parsed_shape(self) -> tuple[int, ...]:
         """``--sample-shape`` as a tuple of positive integers."""
