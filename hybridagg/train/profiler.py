@@ -314,5 +314,6 @@ def profile_model(
             "layers": "measured totals apportioned by each layer's FLOPs "
             "(backward twice forward)",
             "threads": torch.get_num_threads(),
+            "optimizer": cfg.optimizer,  # the servers' times depend on it
         },
     )
