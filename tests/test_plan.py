@@ -535,6 +535,17 @@ def test_command_says_how_many_configurations_memory_dropped(tmp_path):
     # sync's best prediction beside the plan's, never above it (throughput)
     assert 0 < plan["sync_samples_per_sec"] <= plan["predicted_samples_per_sec"]
     assert "sync all-reduce (best)" in done.stdout
+    # the per-rank batch as a decision: 16 lets the slow nodes in
+    chosen = _plan("--profile", str(prof), "--cluster", str(path), "--batch-choices",
+                   "64,16", "--confirm-workers", "0", "--json", str(js))  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    plan = json.loads(js.read_text())
+    assert plan["batch_size"] == 16 and plan["nodes"] == {"fast": 2, "slow": 3}
+    assert "--batch-size 16" in " ".join(plan["train_args"])
+    bad = _plan(
+        "--profile", str(prof), "--cluster", str(path), "--batch-choices", "0,x"
+    )
+    assert bad.returncode == 2 and "--batch-choices must be positive" in bad.stderr
 
 
 # ----------------------------------------------------- searchers at scale

@@ -194,7 +194,7 @@ def make_plan(
         workers=len(job.workers),
         groups=[list(g) for g in job.groups],
         servers=len(job.servers),
-        batch_size=model.batch_size,
+        batch_size=c.batch_size or model.batch_size,
         adaptive_batch=c.batches == "speed",
         batch_sizes=[int(w["batch"]) for w in job.workers],
         predicted_samples_per_sec=score.samples_per_sec,

@@ -24,7 +24,7 @@ from .planfile import Plan, make_plan
 from .policy import reinforce_search
 from .profile import Profile
 from .search import Objective, SearchResult, exact_search
-from .space import Candidate, CostModel, Score, Space
+from .space import Candidate, CostModel, Score, Space, parse_batch_choices
 
 __all__ = [
     "AUTO_EXACT_LIMIT",
@@ -53,6 +53,7 @@ class PlanRequest(Protocol):
     cluster: str | None
     workers: int | None
     batch_size: int
+    batch_choices: str | None
     slowdown: str | None
     sample_ms: float
     wire: str
@@ -152,7 +153,7 @@ def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, st
     from ._simgrid import SimGridMissing
 
     model = make_model(options, profile)
-    space = model.default_space()
+    space = model.default_space(batch_sizes=parse_batch_choices(options.batch_choices))
     objective = Objective(options.objective, options.min_samples_per_sec)
     result = search(
         model,

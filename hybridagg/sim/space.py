@@ -53,6 +53,7 @@ __all__ = [
     "CostModel",
     "Score",
     "Space",
+    "parse_batch_choices",
 ]
 
 BATCH_RULES = ("equal", "speed")
@@ -196,6 +197,26 @@ class Space:
     def node_choices(self) -> list[tuple[int, ...]]:
         """Every combination of node counts that uses at least one node."""
         return [n for n in itertools.product(*self.nodes) if any(n)]
+
+
+def parse_batch_choices(text: str | None) -> tuple[int | None, ...]:
+    """``--batch-choices`` (``16,32,64``) as :attr:`Space.batch_sizes`
+    (``None``: the model's ``--batch-size`` alone).
+
+    Raises:
+        ValueError: Not positive integers separated by commas.
+    """
+    if text is None:
+        return (None,)
+    try:
+        sizes = tuple(sorted({int(s) for s in str(text).split(",")}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise ValueError(
+            f"--batch-choices must be positive integers with commas, got {text!r}"
+        )
+    return sizes
 
 
 def _check_grouping(g: str) -> None:
