@@ -769,15 +769,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         ("objective", p.objective
          + (f" (at least {p.min_samples_per_sec:g} samples/s)" if p.min_samples_per_sec else "")),
         ("searcher", f"{p.searcher}, {result.evaluated} configurations scored"
-         + (f", {result.pruned} node sets pruned" if result.pruned else "")),
+         + (f", {result.pruned} node sets pruned" if result.pruned else "")
+         + (f", {p.memory_dropped} dropped (over a node type's memory)"
+            if p.memory_dropped else "")),
         ("mode", f"{p.mode}, {len(p.groups)} group(s), {p.servers} server(s)"),
         ("ranks", f"{p.ranks} ({p.workers} workers + {p.servers} servers)"),
-        ("batches", ("speed-proportional" if p.adaptive_batch else "equal")
+        ("batches", f"--batch-size {p.batch_size}, "
+         + ("speed-proportional" if p.adaptive_batch else "equal")
          + (f" {p.batch_sizes}" if p.workers <= 16 else "")),
-        ("predicted samples/s", f"{p.predicted_samples_per_sec:.1f}"),
+        ("predicted samples/s", f"{p.predicted_samples_per_sec:.1f} "
+         f"({p.predicted_samples_per_sec / p.ideal_samples_per_sec:.3f} of ideal)"),
         ("ideal samples/s", f"{p.ideal_samples_per_sec:.1f}"),
-        ("sync on every node", "-" if p.sync_samples_per_sec is None
-         else f"{p.sync_samples_per_sec:.1f} samples/s"),
+        ("sync all-reduce (best)", "-" if p.sync_samples_per_sec is None
+         else f"{p.sync_samples_per_sec:.1f} samples/s, "
+         f"{p.sync_cost_per_hour:g} per hour"),
         ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
         ("cost per hour", f"{p.cost_per_hour:g}"),
         ("train flags", _shorten(" ".join(p.train_args()))),

@@ -434,7 +434,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     mode, groups, servers = ns.mode, ns.groups, ns.servers
     if ns.plan:
         nranks, command, (mode, groups, servers) = _apply_plan(
-            ns.plan, nranks, command, (mode, groups, servers)
+            ns.plan, nranks, command, (mode, groups, servers), cluster
         )
     return Options(
         command=tuple(command),
@@ -456,17 +456,20 @@ def _apply_plan(
     nranks: str | None,
     command: list[str],
     script: tuple[str | None, str | None, str | None],
+    cluster: ClusterSpec | None = None,
 ) -> tuple[str, list[str], tuple[str | None, str | None, str | None]]:
     """``--plan FILE``: the job's rank count, and the plan for the program:
     ``--plan FILE`` appended to a ``hybridagg train`` that has none, or the
     mode, groups and servers of a Horovod-style script (its batch size stays
-    its own). A value given too must agree with the plan.
+    its own). A value given too must agree with the plan; with ``--cluster``
+    the emulated hosts must place the ranks as the plan's nodes do (its
+    groups and servers' placement assume that order).
 
     Raises:
-        LaunchError: A bad plan file, or ``-n``, ``--mode``, ``--groups`` or
-            ``--servers`` that disagree with it.
+        LaunchError: A bad plan file, or ``-n``, ``--mode``, ``--groups``,
+            ``--servers`` or ``--cluster`` that disagree with it.
     """
-    from .sim.planfile import groups_spec, load_plan
+    from .sim.planfile import groups_spec, layout_conflict, load_plan
 
     try:
         plan = load_plan(path)
@@ -476,6 +479,13 @@ def _apply_plan(
         raise LaunchError(
             f"-n {nranks}: the plan {path} is for {plan.ranks} ranks; drop -n"
         )
+    if cluster is not None:
+        why = layout_conflict(plan, [h.name for h in cluster.rank_order()])
+        if why is not None:
+            raise LaunchError(
+                f"--cluster {cluster.name}: the plan {path} places its ranks "
+                f"otherwise: {why}"
+            )
     at = _train_at(command)
     if at is not None:
         if not any(w == "--plan" or w.startswith("--plan=") for w in command[at:]):

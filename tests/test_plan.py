@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from test_sim import PROFILE, gpus, options
@@ -19,7 +20,14 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.planfile import groups_spec, load_plan
+from hybridagg.sim.cluster import NodeType
+from hybridagg.sim.planfile import groups_spec, layout_conflict, load_plan, make_plan
+from hybridagg.sim.planner import (
+    AUTO_EXACT_LIMIT,
+    best_sync,
+    compare_searchers,
+    resolve_searcher,
+)
 from hybridagg.sim.policy import reinforce_search
 from hybridagg.sim.profile import Profile, save_profile
 from hybridagg.sim.search import Objective, exact_search
@@ -247,7 +255,16 @@ def test_bad_plan_files_are_refused(tmp_path):
     bad.write_text(
         json.dumps({"format": "hybridagg-plan", "version": 1, "mode": "sync"})
     )
-    with pytest.raises(ValueError, match="missing field"):
+    with pytest.raises(ValueError, match=r"version 1, expected 2 \(run hybridagg plan"):
+        load_plan(bad)
+    bad.write_text(
+        json.dumps({"format": "hybridagg-plan", "version": 2, "mode": "sync"})
+    )
+    with pytest.raises(ValueError, match=r"missing field.*wire.*rank_nodes"):
+        load_plan(bad)
+    good = json.loads(_hybrid_plan(tmp_path).read_text())
+    bad.write_text(json.dumps({**good, "rank_nodes": ["fast0"]}))
+    with pytest.raises(ValueError, match="rank_nodes must name the node of every"):
         load_plan(bad)
 
 
@@ -343,3 +360,224 @@ def test_hybridagg_run_takes_the_plan(tmp_path):
             parse_options(["--plan", path, *flags, "python", "s.py"], {})
     with pytest.raises(LaunchError, match="does not exist"):
         parse_options(["--plan", str(tmp_path / "none.json"), "python", "s.py"], {})
+
+
+# ------------------------------------------- what the plan was scored under
+def _scored_plan(tmp_path, **model_kw):
+    """A hybrid plan for three-speeds-priced under ``model_kw`` (wire,
+    slowdown, sample_ms, optimizer)."""
+    model = CostModel(_three_types(), SMALL, **model_kw)
+    c = Candidate("hybrid", (1, 1), "split:2", 1, "cpu", "speed")
+    return make_plan(model, c, model.score(c), objective="throughput",
+                     min_samples_per_sec=None, searcher="exact",
+                     cluster_file="examples/clusters/three-speeds-priced.yaml",
+                     ).save(tmp_path / "scored.json")  # fmt: skip
+
+
+def test_the_plan_records_what_it_was_scored_under(tmp_path):
+    kw = dict(wire="bf16", slowdown="3:2", sample_ms=1.5, optimizer="adam")
+    plan = load_plan(_scored_plan(tmp_path, **kw))
+    assert (plan.wire, plan.slowdown, plan.sample_ms, plan.optimizer) == (
+        "bf16", "3:2", 1.5, "adam",
+    )  # fmt: skip
+    # 2 fast GPUs on fast0, 2 slow on slow0, the server alone on cpu0
+    assert plan.rank_nodes == ["fast0", "fast0", "slow0", "slow0", "cpu0"]
+    assert plan.server_type == "cpu"
+    assert plan.cluster_file == "examples/clusters/three-speeds-priced.yaml"
+    assert plan.profile_summary["parameters"] == SMALL.parameters
+    assert len(plan.cluster_digest) == len(plan.profile_digest) == 16
+    assert plan.cluster_digest != load_plan(_hybrid_plan(tmp_path)).profile_digest
+    other = CostModel(_three_types(), TINY)
+    c = Candidate("sync", (1, 0))
+    assert (
+        make_plan(other, c, other.score(c), objective="throughput",
+                  min_samples_per_sec=None, searcher="exact").profile_digest
+        != plan.profile_digest
+    )  # fmt: skip
+    args = plan.train_args()
+    for flag, value in [("--wire", "bf16"), ("--slowdown", "3:2"),
+                        ("--sample-ms", "1.5"), ("--optimizer", "adam")]:  # fmt: skip
+        assert args[args.index(flag) + 1] == value
+
+
+def test_train_applies_and_checks_what_the_plan_was_scored_under(tmp_path):
+    kw = dict(wire="bf16", slowdown="3:2", sample_ms=1.5, optimizer="adam")
+    path = str(_scored_plan(tmp_path, **kw))
+    base = ["train", "--data", "d.h5", "--plan", path]
+    cfg = _train_config(base)
+    assert (cfg.wire, cfg.slowdown, cfg.sample_ms, cfg.optimizer) == (
+        "bf16", "3:2", 1.5, "adam",
+    )  # fmt: skip
+    # the same values, written otherwise, agree
+    same = _train_config([*base, "--slowdown", "0-2:1,3:2.0", "--sample-ms", "1.50"])
+    assert same.sample_ms == 1.5 and same.slowdown == "3:2"
+    for flags, message in [
+        (["--wire", "fp32"], "sets --wire to bf16, but --wire fp32 was given"),
+        (["--slowdown", "3:4"], "sets --slowdown to 3:2, but --slowdown 3:4"),
+        (["--sample-ms", "2"], "sets --sample-ms to 1.5, but --sample-ms 2.0"),
+        (["--optimizer", "sgd"], "sets --optimizer to adam, but --optimizer sgd"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _train_config([*base, *flags])
+    # a plan scored with no emulation refuses an emulated run
+    plain = str(_hybrid_plan(tmp_path))
+    with pytest.raises(
+        ValueError, match=r"sets --sample-ms to 0\.0, but --sample-ms 3"
+    ):
+        _train_config(["train", "--data", "d.h5", "--plan", plain, "--sample-ms", "3"])
+    # no optimizer recorded: the flag is free
+    assert _train_config(["train", "--data", "d.h5", "--plan", plain,
+                          "--optimizer", "adam"]).optimizer == "adam"  # fmt: skip
+
+
+def test_layout_conflict_compares_rank_placements_up_to_names(tmp_path):
+    plan = load_plan(_hybrid_plan(tmp_path))  # fast0 x2, slow0 x2, cpu0
+    assert layout_conflict(plan, ["a", "a", "b", "b", "ps"]) is None
+    assert "4 ranks, but the plan places 5" in layout_conflict(plan, ["a"] * 4)
+    why = layout_conflict(plan, ["a", "b", "a", "b", "ps"])
+    assert "rank 1 is on host b, but the plan puts it on node fast0" in why
+    why = layout_conflict(plan, ["a", "a", "a", "a", "ps"])
+    assert "rank 2 (plan node slow0) shares host a with ranks of plan node fast0" in why
+
+
+def test_hybridagg_run_checks_the_emulated_cluster_against_the_plan(tmp_path):
+    from hybridagg.launcher import LaunchError, parse_options
+
+    path = str(_hybrid_plan(tmp_path))
+    fits = tmp_path / "fits.toml"
+    fits.write_text('name = "hx"\nsubnet = "10.213.90.0/24"\nbandwidth = "10gbit"\n'
+                    + "".join(f'[[hosts]]\nname = "{h}"\nranks = {n}\n'
+                              for h, n in (("a", 2), ("b", 2), ("ps", 1))))  # fmt: skip
+    ok = parse_options(["--plan", path, "--cluster", str(fits), "python", "s.py"], {})
+    assert ok.nranks == 5
+    other = tmp_path / "other.toml"
+    other.write_text(fits.read_text().replace("ranks = 2", "ranks = 1", 1)
+                     .replace('name = "b"\nranks = 2', 'name = "b"\nranks = 3'))  # fmt: skip
+    with pytest.raises(LaunchError, match="places its ranks otherwise: rank 1"):
+        parse_options(["--plan", path, "--cluster", str(other), "python", "s.py"], {})
+
+
+# ------------------------------------------------------------------ memory
+BIG_ACTIVATIONS = Profile(
+    **{**SMALL.__dict__, "activation_bytes_per_sample": 20e6}
+)  # 20 MB per sample: 64 samples need 1.28 GB, more than the slow nodes' 0.75
+# GiB (also the 43 of batches by speed); 16 fit
+
+
+def _small_memory_cluster() -> ClusterSpec:
+    fast, slow, cpu = _three_types().node_types
+    return ClusterSpec(
+        **{**_three_types().__dict__,
+           "node_types": (NodeType(**{**fast.__dict__, "memory": 80 * 2**30}),
+                          NodeType(**{**slow.__dict__, "memory": 0.75 * 2**30}), cpu)}
+    )  # fmt: skip
+
+
+def test_device_memory_counts_batch_parameters_gradients_and_state():
+    model = CostModel(_three_types(), BIG_ACTIVATIONS, optimizer="adam")
+    p = BIG_ACTIVATIONS.parameter_bytes
+    assert model.device_memory("sync", 10) == 10 * 20e6 + 2 * p + 2 * p
+    # in hybrid and async the servers hold the optimizer's state
+    assert model.device_memory("hybrid", 10) == 10 * 20e6 + 2 * p
+    sgd = CostModel(_three_types(), BIG_ACTIVATIONS)  # unknown: SGD's momentum
+    assert sgd.device_memory("sync", 10) == 10 * 20e6 + 3 * p
+
+
+def test_the_planner_drops_what_small_memory_nodes_cannot_take():
+    model = CostModel(_small_memory_cluster(), BIG_ACTIVATIONS, batch_size=64)
+    on_slow = Candidate("sync", (1, 1))
+    assert model.score(on_slow) is None
+    # 64 x 20 MB + parameters, gradients and momentum (3 x 100 MB): 1.47 GiB
+    assert "out of memory on slow: a device needs 1.47 GiB, it has 0.75 GiB" in (
+        model.error(on_slow)
+    )
+    assert model.score(Candidate("sync", (2, 0))) is not None  # fast: 80 GiB
+    result = exact_search(model, model.default_space(), Objective("throughput"))
+    assert result.best.nodes[1] == 0 and result.memory_dropped > 0
+    # a batch that fits the slow nodes lets them in (16 x 20 MB + 300 MB)
+    fits = CostModel(_small_memory_cluster(), BIG_ACTIVATIONS, batch_size=16)
+    assert fits.score(on_slow) is not None and fits.memory_dropped == 0
+    # as a decision: the per-rank batch the slow nodes can take is chosen there
+    space = replace(model.default_space(), batch_sizes=(16, 64))
+    both = exact_search(model, space, Objective("throughput"))
+    assert both.best.nodes == (2, 3) and both.best.batch_size == 16
+
+
+def test_command_says_how_many_configurations_memory_dropped(tmp_path):
+    prof = save_profile(BIG_ACTIVATIONS, tmp_path / "p.json")
+    cluster = _small_memory_cluster()
+    data = {
+        "name": "small-memory",
+        "links": {k: {"bandwidth": getattr(cluster, k).bandwidth,
+                      "latency": getattr(cluster, k).latency}
+                  for k in ("intra_node", "inter_node")},
+        "node_types": [{k: v for k, v in t.__dict__.items()
+                        if k in ("name", "count", "devices", "speed", "memory",
+                                 "price_per_hour") and v is not None}
+                       for t in cluster.node_types],
+        "servers": {"node_types": list(cluster.servers.node_types),
+                    "per_node": cluster.servers.per_node},
+    }  # fmt: skip
+    path = tmp_path / "small-memory.json"
+    path.write_text(json.dumps(data))
+    js = tmp_path / "plan.json"
+    done = _plan("--profile", str(prof), "--cluster", str(path), "--batch-size",
+                 "64", "--confirm-workers", "0", "--json", str(js))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(js.read_text())
+    assert plan["memory_dropped"] > 0
+    assert (
+        f"{plan['memory_dropped']} dropped (over a node type's memory)" in done.stdout
+    )
+    assert plan["nodes"].get("slow", 0) == 0
+    assert plan["peak_memory_bytes"] <= 80 * 2**30
+    # sync's best prediction beside the plan's, never above it (throughput)
+    assert 0 < plan["sync_samples_per_sec"] <= plan["predicted_samples_per_sec"]
+    assert "sync all-reduce (best)" in done.stdout
+    # the per-rank batch as a decision: 16 lets the slow nodes in
+    chosen = _plan("--profile", str(prof), "--cluster", str(path), "--batch-choices",
+                   "64,16", "--confirm-workers", "0", "--json", str(js))  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    plan = json.loads(js.read_text())
+    assert plan["batch_size"] == 16 and plan["nodes"] == {"fast": 2, "slow": 3}
+    assert "--batch-size 16" in " ".join(plan["train_args"])
+    bad = _plan(
+        "--profile", str(prof), "--cluster", str(path), "--batch-choices", "0,x"
+    )
+    assert bad.returncode == 2 and "--batch-choices must be positive" in bad.stderr
+
+
+# ----------------------------------------------------- searchers at scale
+def test_the_1024_gpu_space_is_rl_by_default_and_small_ones_exact():
+    big = CostModel(load_cluster("examples/clusters/two-generation-1024.yaml"), SMALL)
+    assert big.default_space().size > AUTO_EXACT_LIMIT
+    assert resolve_searcher(big.default_space()) == "rl"
+    assert 48 in big.default_space().nodes[0]  # eighths of 64 nodes, not only powers
+    small = CostModel(_three_types(), SMALL).default_space()
+    assert resolve_searcher(small) == "exact"
+    assert resolve_searcher(small, "rl") == "rl"
+
+
+def test_best_sync_is_the_best_synchronous_configuration():
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    space = model.default_space()
+    found = best_sync(model, space, Objective("throughput"))
+    assert found is not None and found[0].mode == "sync"
+    for nodes in space.node_choices():
+        for batches in ("equal", "speed"):
+            score = model.score(Candidate("sync", nodes, batches=batches))
+            assert score is None or score.samples_per_sec <= found[1].samples_per_sec
+
+
+def test_compare_searchers_reports_the_policy_gap():
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    objective = Objective("cost", 3000.0)
+    record = compare_searchers(model, model.default_space(), objective,
+                               seeds=2, rounds=40)  # fmt: skip
+    assert record["configurations"] == model.default_space().size
+    assert len(record["rl"]) == 2 and record["max_gap"] >= record["median_gap"]
+    exact_cost = record["exact"]["cost_per_hour"]
+    for run in record["rl"]:
+        if run["cost_per_hour"] is not None and run["samples_per_sec"] >= 3000.0:
+            assert run["gap"] == pytest.approx(run["cost_per_hour"] / exact_cost - 1)
+            assert run["gap"] >= -1e-12  # never better than exact

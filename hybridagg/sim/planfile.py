@@ -1,18 +1,32 @@
 """The plan file: what ``hybridagg plan`` chose, as ``hybridagg train``'s options.
 
-A JSON object (``format: hybridagg-plan``, version 1) with at least
+A JSON object (``format: hybridagg-plan``, version 2) with at least
 ``mode``, ``groups`` (world ranks of each group), ``servers``,
 ``batch_sizes`` (per worker rank, at the adaptive controller's steady state
 when ``adaptive_batch``), ``predicted_samples_per_sec``,
 ``ideal_samples_per_sec`` and ``cost_per_hour``; also ``ranks`` (workers
 and servers: ``mpiexec -n``), ``nodes`` used per node type, ``train_args``
-(the same choice as ``hybridagg train`` flags) and, when the simulator
-confirmed it, ``simulated_samples_per_sec``. Pure logic.
+(the same choice as ``hybridagg train`` flags), ``sync_samples_per_sec``
+(the best synchronous all-reduce configuration, for comparison) and, when
+the simulator confirmed it, ``simulated_samples_per_sec``.
+
+It also records what the prediction was scored under, so that a run can
+be held to it: ``wire``, ``slowdown``, ``sample_ms`` and ``optimizer``
+(``hybridagg train``'s options of those names; ``--plan`` applies them and
+refuses a flag that disagrees), ``rank_nodes`` (the node of each world
+rank, workers then servers: the rank-to-node order the groups and the
+servers' placement assume; ``hybridagg-run --plan --cluster`` compares it
+with the emulated cluster's), ``server_type``, ``cluster_file``, and
+digests of the cluster and the profile (``cluster_digest``,
+``profile_digest``: the first 16 hex digits of the SHA-256 of their
+canonical JSON) with a ``profile_summary``. Pure logic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,10 +34,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # types only: reading a plan (the launcher) needs no planner
     from .space import Candidate, CostModel, Score
 
-__all__ = ["FORMAT", "Plan", "groups_spec", "load_plan", "make_plan"]
+__all__ = [
+    "FORMAT",
+    "Plan",
+    "digest",
+    "groups_spec",
+    "layout_conflict",
+    "load_plan",
+    "make_plan",
+]
 
 FORMAT = "hybridagg-plan"
-VERSION = 1
+VERSION = 2
+
+
+def digest(data: Any) -> str:
+    """The first 16 hex digits of the SHA-256 of ``data``'s canonical JSON."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def groups_spec(groups: list[list[int]]) -> str:
@@ -63,10 +91,28 @@ class Plan:
     predicted_samples_per_sec: float
     ideal_samples_per_sec: float
     cost_per_hour: float
+    wire: str
+    slowdown: str | None
+    sample_ms: float
+    optimizer: str | None
+    """the optimizer the profile's server times were measured with (``None``:
+    the profile does not say)"""
+    rank_nodes: list[str]
+    """the node of each world rank, workers then servers"""
+    server_type: str | None
+    cluster_file: str | None
+    cluster_digest: str
+    profile_digest: str
+    profile_summary: dict[str, Any]
+    peak_memory_bytes: float | None = None
+    """the largest memory one device needs (``None``: no memory figures)"""
     sync_samples_per_sec: float | None = None
-    """sync on every node with equal batches, for comparison"""
+    """the best synchronous all-reduce configuration's prediction, for comparison"""
+    sync_cost_per_hour: float | None = None
     simulated_samples_per_sec: float | None = None
     evaluated: int = 0
+    memory_dropped: int = 0
+    """configurations the planner dropped: over a node type's memory"""
 
     def train_args(self) -> list[str]:
         """The plan as ``hybridagg train`` flags."""
@@ -77,17 +123,32 @@ class Plan:
             args += ["--servers", str(self.servers)]
         if self.adaptive_batch:
             args.append("--adaptive-batch")
+        if self.wire != "fp32":
+            args += ["--wire", self.wire]
+        if self.slowdown:
+            args += ["--slowdown", self.slowdown]
+        if self.sample_ms:
+            args += ["--sample-ms", f"{self.sample_ms:g}"]
+        if self.optimizer is not None:
+            args += ["--optimizer", self.optimizer]
         return args
 
     def settings(self) -> dict[str, Any]:
-        """The plan as ``hybridagg train``'s configuration fields (``--plan``)."""
-        return {
+        """The plan as ``hybridagg train``'s configuration fields (``--plan``):
+        what it chose and what it was scored under."""
+        out = {
             "mode": self.mode,
             "groups": groups_spec(self.groups) if self.mode == "hybrid" else None,
             "servers": self.servers,
             "batch_size": self.batch_size,
             "adaptive_batch": self.adaptive_batch,
+            "wire": self.wire,
+            "slowdown": self.slowdown,
+            "sample_ms": self.sample_ms,
         }
+        if self.optimizer is not None:
+            out["optimizer"] = self.optimizer
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         """The file's JSON object."""
@@ -114,10 +175,14 @@ def make_plan(
     min_samples_per_sec: float | None,
     searcher: str,
     evaluated: int = 0,
+    cluster_file: str | None = None,
 ) -> Plan:
     """The plan of candidate ``c`` (scored ``score``) under ``model``."""
     job = model.job(c)
     cluster = model.cluster_for(c)
+    profile = model.profile
+    rank_nodes = [job.nodes[w["node"]]["name"] for w in job.workers]
+    rank_nodes += [job.nodes[s["node"]]["name"] for s in job.servers]
     return Plan(
         cluster=model.cluster.name,
         objective=objective,
@@ -129,14 +194,59 @@ def make_plan(
         workers=len(job.workers),
         groups=[list(g) for g in job.groups],
         servers=len(job.servers),
-        batch_size=model.batch_size,
+        batch_size=c.batch_size or model.batch_size,
         adaptive_batch=c.batches == "speed",
         batch_sizes=[int(w["batch"]) for w in job.workers],
         predicted_samples_per_sec=score.samples_per_sec,
         ideal_samples_per_sec=score.ideal_samples_per_sec,
         cost_per_hour=score.cost_per_hour,
+        wire=model.wire,
+        slowdown=model.slowdown,
+        sample_ms=float(model.sample_ms),
+        optimizer=model.optimizer,
+        rank_nodes=rank_nodes,
+        server_type=c.server_type if c.servers else None,
+        cluster_file=cluster_file,
+        cluster_digest=digest(asdict(model.cluster)),
+        profile_digest=digest(profile.as_dict()),
+        profile_summary={
+            "model": profile.model,
+            "parameters": profile.parameters,
+            "sample_seconds": profile.sample_seconds,
+            "device": profile.machine.device,
+        },
+        peak_memory_bytes=model.peak_memory(c),
         evaluated=evaluated,
     )
+
+
+def layout_conflict(plan: Plan, hosts: Sequence[str]) -> str | None:
+    """Why ranks placed on ``hosts`` (one host name per world rank) break the
+    plan's rank-to-node order (``None``: they keep it).
+
+    The names may differ (the plan's ``fast0`` is a real host's name): the
+    ranks the plan puts on one node must share one host, and ranks on
+    different nodes must not.
+    """
+    if len(hosts) != len(plan.rank_nodes):
+        return (
+            f"{len(hosts)} ranks, but the plan places {len(plan.rank_nodes)} "
+            f"(mpiexec -n {plan.ranks})"
+        )
+    to_host: dict[str, str] = {}
+    to_node: dict[str, str] = {}
+    for rank, (node, host) in enumerate(zip(plan.rank_nodes, hosts, strict=True)):
+        if to_host.setdefault(node, host) != host:
+            return (
+                f"rank {rank} is on host {host}, but the plan puts it on node "
+                f"{node} with ranks on host {to_host[node]}"
+            )
+        if to_node.setdefault(host, node) != node:
+            return (
+                f"rank {rank} (plan node {node}) shares host {host} with ranks "
+                f"of plan node {to_node[host]}"
+            )
+    return None
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -157,7 +267,9 @@ def load_plan(path: str | Path) -> Plan:
         raise ValueError(f"plan file {path} is not a {FORMAT} file (no format field)")
     if data.get("version") != VERSION:
         raise ValueError(
-            f"plan file {path}: version {data.get('version')!r}, expected {VERSION}"
+            f"plan file {path}: version {data.get('version')!r}, expected "
+            f"{VERSION} (run hybridagg plan again: version 1 did not record what "
+            f"its prediction assumed)"
         )
     fields = {k: v for k, v in data.items() if k in Plan.__dataclass_fields__}
     missing = [
@@ -198,3 +310,10 @@ def _check(plan: Plan, path: Path) -> None:
         )
     if (plan.mode == "sync") != (plan.servers == 0):
         raise ValueError(f"{where}: sync has no servers; hybrid and async need some")
+    if not isinstance(plan.rank_nodes, list) or len(plan.rank_nodes) != plan.ranks:
+        raise ValueError(f"{where}: rank_nodes must name the node of every rank")
+    if not isinstance(plan.sample_ms, (int, float)) or plan.sample_ms < 0:
+        raise ValueError(f"{where}: sample_ms must be a number >= 0")
+    for name in ("wire", "cluster_digest", "profile_digest"):
+        if not isinstance(getattr(plan, name), str):
+            raise ValueError(f"{where}: {name} must be a string")

@@ -4,11 +4,17 @@
 :func:`search` runs the chosen searcher over the cost model's default
 space, :func:`confirm` simulates the chosen configuration with SimGrid (at
 most ``confirm_workers`` workers: a 64-rank simulation takes seconds), and
-:func:`plan` does all three for ``hybridagg plan``'s options.
+:func:`plan` does all three for ``hybridagg plan``'s options, with the best
+synchronous all-reduce configuration scored beside (:func:`best_sync`).
+
+:func:`compare_searchers` runs the exact searcher and the REINFORCE policy
+on one space and reports the policy's gap (``bench/planner.py``'s table).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -18,9 +24,20 @@ from .planfile import Plan, make_plan
 from .policy import reinforce_search
 from .profile import Profile
 from .search import Objective, SearchResult, exact_search
-from .space import Candidate, CostModel, Space
+from .space import Candidate, CostModel, Score, Space, parse_batch_choices
 
-__all__ = ["AUTO_EXACT_LIMIT", "PlanOptions", "confirm", "make_model", "plan", "search"]
+__all__ = [
+    "AUTO_EXACT_LIMIT",
+    "PlanRequest",
+    "best_sync",
+    "compare_searchers",
+    "confirm",
+    "gap",
+    "make_model",
+    "plan",
+    "resolve_searcher",
+    "search",
+]
 
 AUTO_EXACT_LIMIT = 20_000
 """``--searcher auto`` searches exactly up to this many raw configurations."""
@@ -29,12 +46,14 @@ CONFIRM_UPDATES = 20
 """Updates per group the confirming simulation runs."""
 
 
-class PlanOptions(Protocol):
-    """``hybridagg plan``'s options that the planner reads."""
+class PlanRequest(Protocol):
+    """``hybridagg plan``'s options that the planner reads (the configuration
+    :class:`hybridagg.train.config.simulation.PlanConfig` is one)."""
 
     cluster: str | None
     workers: int | None
     batch_size: int
+    batch_choices: str | None
     slowdown: str | None
     sample_ms: float
     wire: str
@@ -47,7 +66,7 @@ class PlanOptions(Protocol):
     sim_timeout: float
 
 
-def make_model(options: PlanOptions, profile: Profile) -> CostModel:
+def make_model(options: PlanRequest, profile: Profile) -> CostModel:
     """The cost model of the options' cluster (or this machine's emulation)."""
     if options.cluster is not None:
         cluster = load_cluster(options.cluster)
@@ -62,7 +81,18 @@ def make_model(options: PlanOptions, profile: Profile) -> CostModel:
         slowdown=options.slowdown,
         sample_ms=options.sample_ms,
         wire=options.wire,
+        # the optimizer the profile's server times were measured with
+        optimizer=profile.notes.get("optimizer"),
     )
+
+
+def resolve_searcher(space: Space, searcher: str = "auto") -> str:
+    """``auto`` as ``exact`` up to :data:`AUTO_EXACT_LIMIT` raw configurations,
+    ``rl`` beyond (the default space of the 1,024-GPU example is beyond);
+    another name as itself."""
+    if searcher == "auto":
+        return "exact" if space.size <= AUTO_EXACT_LIMIT else "rl"
+    return searcher
 
 
 def search(
@@ -74,10 +104,9 @@ def search(
     seed: int = 0,
     rounds: int = 150,
 ) -> SearchResult:
-    """Run ``searcher`` (``exact``, ``rl``, or ``auto``: exact up to
-    :data:`AUTO_EXACT_LIMIT` configurations)."""
-    if searcher == "auto":
-        searcher = "exact" if space.size <= AUTO_EXACT_LIMIT else "rl"
+    """Run ``searcher`` (``exact``, ``rl``, or ``auto``: see
+    :func:`resolve_searcher`)."""
+    searcher = resolve_searcher(space, searcher)
     if searcher == "exact":
         return exact_search(model, space, objective)
     if searcher == "rl":
@@ -99,7 +128,21 @@ def confirm(model: CostModel, c: Candidate, *, timeout: float) -> dict[str, Any]
     return simulate(model.job(c, steps=steps), timeout=timeout).as_dict()
 
 
-def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, str]:
+def best_sync(
+    model: CostModel, space: Space, objective: Objective
+) -> tuple[Candidate, Score] | None:
+    """The best synchronous all-reduce configuration of ``space`` under
+    ``objective`` (exact search over sync alone), or its fastest when none
+    meets the objective's rate; ``None`` when no sync configuration fits."""
+    result = exact_search(model, replace(space, modes=("sync",)), objective)
+    if result.best is not None and result.score is not None:
+        return result.best, result.score
+    if result.fastest is not None and result.fastest_score is not None:
+        return result.fastest, result.fastest_score
+    return None
+
+
+def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, str]:
     """Choose a plan for ``options`` (see the module); also the searcher's
     result and a note on the confirmation (empty when it ran).
 
@@ -110,7 +153,7 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
     from ._simgrid import SimGridMissing
 
     model = make_model(options, profile)
-    space = model.default_space()
+    space = model.default_space(batch_sizes=parse_batch_choices(options.batch_choices))
     objective = Objective(options.objective, options.min_samples_per_sec)
     result = search(
         model,
@@ -144,10 +187,14 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
         min_samples_per_sec=options.min_samples_per_sec,
         searcher=result.searcher,
         evaluated=result.evaluated,
+        cluster_file=options.cluster,
     )
-    sync = model.score(Candidate("sync", full))
+    sync = best_sync(model, space, objective)
     chosen = replace(
-        chosen, sync_samples_per_sec=None if sync is None else sync.samples_per_sec
+        chosen,
+        sync_samples_per_sec=None if sync is None else sync[1].samples_per_sec,
+        sync_cost_per_hour=None if sync is None else sync[1].cost_per_hour,
+        memory_dropped=result.memory_dropped,
     )
     note = ""
     if options.confirm_workers and chosen.workers <= options.confirm_workers:
@@ -168,3 +215,84 @@ def plan(options: PlanOptions, profile: Profile) -> tuple[Plan, SearchResult, st
     else:
         note = "not simulated (--confirm-workers 0)"
     return chosen, result, note
+
+
+def gap(objective: Objective, exact: Score, found: Score | None) -> float:
+    """How much worse ``found`` is than ``exact`` (0: as good; ``inf``: it
+    found nothing, or nothing that meets the rate): the cost over exact's,
+    less one (``cost``), or one less the samples/s over exact's
+    (``throughput``)."""
+    if found is None:
+        return float("inf")
+    if objective.kind == "cost":
+        if not objective.feasible(found):
+            return float("inf")
+        return found.cost_per_hour / exact.cost_per_hour - 1
+    return 1 - found.samples_per_sec / exact.samples_per_sec
+
+
+def compare_searchers(
+    model: CostModel,
+    space: Space,
+    objective: Objective,
+    *,
+    seeds: int = 5,
+    rounds: int = 150,
+) -> dict[str, Any]:
+    """The exact searcher and the REINFORCE policy (``seeds`` seeds, each on a
+    fresh cache) on one space.
+
+    Returns:
+        A record: ``objective``, ``min_samples_per_sec``, ``configurations``
+        (the space's raw size), ``exact`` (``plan``, ``cost_per_hour``,
+        ``samples_per_sec``, ``evaluated``, ``pruned_node_sets``,
+        ``memory_dropped``, ``wall_s``), ``rl`` (per seed: ``seed``,
+        ``gap``, ``cost_per_hour``, ``samples_per_sec``, ``evaluated``,
+        ``wall_s``, ``plan``), ``median_gap`` and ``max_gap``.
+
+    Raises:
+        ValueError: The exact searcher finds no configuration that meets
+            the objective.
+    """
+
+    def fresh() -> CostModel:  # each searcher on an empty cache: fair wall times
+        return replace(model, _cache={}, _errors={}, _memory=set())
+
+    start = time.perf_counter()
+    exact = exact_search(fresh(), space, objective)
+    exact_s = time.perf_counter() - start
+    if exact.best is None or exact.score is None:
+        raise ValueError("the exact searcher finds no configuration to compare with")
+    runs = []
+    for seed in range(seeds):
+        start = time.perf_counter()
+        rl = reinforce_search(fresh(), space, objective, seed=seed, rounds=rounds)
+        runs.append(
+            {
+                "seed": seed,
+                "gap": gap(objective, exact.score, rl.score),
+                "cost_per_hour": rl.score.cost_per_hour if rl.score else None,
+                "samples_per_sec": rl.score.samples_per_sec if rl.score else None,
+                "evaluated": rl.evaluated,
+                "wall_s": time.perf_counter() - start,
+                "plan": rl.best.describe() if rl.best else None,
+            }
+        )
+    gaps = [r["gap"] for r in runs]
+    return {
+        "objective": objective.kind,
+        "min_samples_per_sec": objective.min_samples_per_sec,
+        "configurations": space.size,
+        "exact": {
+            "plan": exact.best.describe(),
+            "cost_per_hour": exact.score.cost_per_hour,
+            "samples_per_sec": exact.score.samples_per_sec,
+            "evaluated": exact.evaluated,
+            "pruned_node_sets": exact.pruned,
+            "memory_dropped": exact.memory_dropped,
+            "wall_s": exact_s,
+        },
+        "rl": runs,
+        "median_gap": statistics.median(gaps),
+        "max_gap": max(gaps),
+    }

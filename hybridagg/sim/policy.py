@@ -80,7 +80,7 @@ def reinforce_search(
     ]
     optimizer = torch.optim.Adam(logits, lr=lr)
     tracker = Tracker(objective)
-    before = model.evaluated
+    before, dropped = model.evaluated, model.memory_dropped
 
     for _ in range(rounds):
         # one draw of every decision for the whole batch at once
@@ -120,4 +120,6 @@ def reinforce_search(
     if any(greedy[:k]):
         c = space.candidate(greedy)
         tracker.offer(c, model.score(c))
-    return tracker.result(model.evaluated - before, 0, "rl")
+    return tracker.result(
+        model.evaluated - before, 0, "rl", model.memory_dropped - dropped
+    )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .space import Candidate, CostModel, Score, Space
 
-__all__ = ["OBJECTIVES", "Objective", "SearchResult", "exact_search"]
+__all__ = ["OBJECTIVES", "Objective", "SearchResult", "Tracker", "exact_search"]
 
 OBJECTIVES = ("throughput", "cost")
 
@@ -81,6 +81,8 @@ class SearchResult:
         evaluated: Candidates the cost model scored.
         pruned: Node combinations a bound skipped.
         searcher: ``exact``, ``brute force`` or ``rl``.
+        memory_dropped: Candidates scored and dropped: a device (or a node
+            of shared cores) would need more than its node type's memory.
     """
 
     best: Candidate | None
@@ -90,6 +92,7 @@ class SearchResult:
     evaluated: int
     pruned: int
     searcher: str
+    memory_dropped: int = 0
 
 
 class Tracker:
@@ -116,11 +119,21 @@ class Tracker:
         ):
             self.best = (c, score)
 
-    def result(self, evaluated: int, pruned: int, searcher: str) -> SearchResult:
+    def result(
+        self, evaluated: int, pruned: int, searcher: str, memory_dropped: int = 0
+    ) -> SearchResult:
+        """The search's answer (see :class:`SearchResult`)."""
         best, score = self.best or (None, None)
         fastest, fastest_score = self.fastest or (None, None)
         return SearchResult(
-            best, score, fastest, fastest_score, evaluated, pruned, searcher
+            best,
+            score,
+            fastest,
+            fastest_score,
+            evaluated,
+            pruned,
+            searcher,
+            memory_dropped,
         )
 
 
@@ -136,7 +149,7 @@ def exact_search(
     else:
         combos.sort(key=lambda n: (price[n], -bounds[n], n))
     tracker = Tracker(objective)
-    before = model.evaluated
+    before, dropped = model.evaluated, model.memory_dropped
     pruned = 0
     for nodes in combos:
         if prune and _cannot_win(objective, tracker, bounds[nodes], price[nodes]):
@@ -151,7 +164,10 @@ def exact_search(
                     continue  # does not fit: score() would say so too
             tracker.offer(c, model.score(c))
     return tracker.result(
-        model.evaluated - before, pruned, "exact" if prune else "brute force"
+        model.evaluated - before,
+        pruned,
+        "exact" if prune else "brute force",
+        model.memory_dropped - dropped,
     )
 
 

@@ -7,7 +7,8 @@ or in proportion to speed (OmniLearn's rule, which ``--adaptive-batch``
 reaches at its steady state). A :class:`Space` is a product of choices per
 decision; :meth:`Space.candidate` maps one choice per decision to a
 canonical candidate (sync has no servers and one group; async one group per
-worker), so the exact searcher and the policy share one space.
+worker), so the exact searcher and the policy share one space. The per-rank
+batch (``--batch-size``) may be a decision too (``Space.batch_sizes``).
 
 :class:`CostModel` scores a candidate: it cuts the cluster to the
 candidate's nodes, resolves the candidate as ``hybridagg train``'s options
@@ -16,6 +17,15 @@ reading), and predicts it with :func:`~.analytic.estimate`; the cost per
 hour is the price of the nodes it uses (worker nodes, and nodes that only
 hold servers). Scores are cached: the searchers ask for the same
 candidate many times.
+
+Memory: a candidate whose device would need more than its node type's
+``memory`` is dropped (it does not fit; :attr:`CostModel.memory_dropped`
+counts them). A worker needs the profile's activation bytes per sample
+times its batch, plus the parameters and their gradient (twice the
+profile's parameter bytes), plus the optimizer's state in sync mode (one
+copy of the parameters per :data:`OPTIMIZER_STATES`; in hybrid and async
+the servers step the optimizer and hold its state). On a node of shared
+cores ``memory`` is the node's: its workers' needs add up.
 
 Groupings: ``node`` (one group per node), ``device`` (per node type),
 ``speed:K`` (``hybridagg.topology.speed_groups`` on the ranks' speeds) and
@@ -38,16 +48,23 @@ from .profile import Profile
 
 __all__ = [
     "BATCH_RULES",
+    "OPTIMIZER_STATES",
     "Candidate",
     "CostModel",
     "Score",
     "Space",
+    "parse_batch_choices",
 ]
 
 BATCH_RULES = ("equal", "speed")
 """Per-rank batches: all ``--batch-size``, or in proportion to speed."""
 
 DEFAULT_GROUPINGS = ("node", "device", "speed:2", "speed:3", "split:2", "split:4")
+
+OPTIMIZER_STATES = {"sgd": 1, "adam": 2, "adamw": 2}
+"""Copies of the parameters an optimizer keeps (SGD's momentum; Adam's two
+moments); an unknown optimizer counts as ``sgd``, ``hybridagg train``'s
+default."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class Candidate:
         servers: Parameter servers (0 in sync).
         server_type: The node type holding them (``None`` without servers).
         batches: ``equal`` or ``speed`` (:data:`BATCH_RULES`).
+        batch_size: The per-rank batch (``--batch-size``; ``None``: the cost
+            model's).
     """
 
     mode: str
@@ -71,6 +90,7 @@ class Candidate:
     servers: int = 0
     server_type: str | None = None
     batches: str = "equal"
+    batch_size: int | None = None
 
     def describe(self) -> str:
         """One line for people."""
@@ -80,6 +100,8 @@ class Candidate:
         if self.servers:
             parts.append(f"{self.servers} server(s) on {self.server_type}")
         parts.append(f"batches {self.batches}")
+        if self.batch_size is not None:
+            parts.append(f"batch size {self.batch_size}")
         return ", ".join(parts)
 
 
@@ -103,6 +125,7 @@ class Space:
         servers: Server counts to try (hybrid and async).
         server_types: Node types that may hold the servers.
         batches: Batch rules to try.
+        batch_sizes: Per-rank batches to try (``None``: the cost model's).
     """
 
     nodes: tuple[tuple[int, ...], ...]
@@ -111,9 +134,10 @@ class Space:
     servers: tuple[int, ...] = (1,)
     server_types: tuple[str, ...] = ()
     batches: tuple[str, ...] = BATCH_RULES
+    batch_sizes: tuple[int | None, ...] = (None,)
 
     def __post_init__(self) -> None:
-        for name in ("modes", "groupings", "servers", "batches"):
+        for name in ("modes", "groupings", "servers", "batches", "batch_sizes"):
             if not getattr(self, name):
                 raise ValueError(f"the search space needs at least one of {name}")
         if not self.nodes or any(not c for c in self.nodes):
@@ -128,6 +152,8 @@ class Space:
             _check_grouping(g)
         if any(k < 1 for k in self.servers):
             raise ValueError(f"server counts must be >= 1, got {self.servers}")
+        if any(b is not None and b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
 
     def decisions(self) -> list[tuple[str, tuple[Any, ...]]]:
         """The factored decisions, each with its choices (the policy's actions)."""
@@ -140,6 +166,7 @@ class Space:
             ("servers", self.servers),
             ("server_type", self.server_types or (None,)),
             ("batches", self.batches),
+            ("batch_size", self.batch_sizes),
         ]
         return out
 
@@ -152,12 +179,12 @@ class Space:
         """The canonical candidate of one choice per decision."""
         k = len(self.nodes)
         nodes = tuple(choice[:k])
-        mode, grouping, servers, server_type, batches = choice[k:]
+        mode, grouping, servers, server_type, batches, batch = choice[k:]
         if mode == "sync":
-            return Candidate("sync", nodes, "world", 0, None, batches)
+            return Candidate("sync", nodes, "world", 0, None, batches, batch)
         if mode == "async":
             grouping = "each"
-        return Candidate(mode, nodes, grouping, servers, server_type, batches)
+        return Candidate(mode, nodes, grouping, servers, server_type, batches, batch)
 
     def candidates_on(self, nodes: tuple[int, ...]) -> list[Candidate]:
         """Every distinct candidate on these node counts, in a fixed order."""
@@ -170,6 +197,26 @@ class Space:
     def node_choices(self) -> list[tuple[int, ...]]:
         """Every combination of node counts that uses at least one node."""
         return [n for n in itertools.product(*self.nodes) if any(n)]
+
+
+def parse_batch_choices(text: str | None) -> tuple[int | None, ...]:
+    """``--batch-choices`` (``16,32,64``) as :attr:`Space.batch_sizes`
+    (``None``: the model's ``--batch-size`` alone).
+
+    Raises:
+        ValueError: Not positive integers separated by commas.
+    """
+    if text is None:
+        return (None,)
+    try:
+        sizes = tuple(sorted({int(s) for s in str(text).split(",")}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise ValueError(
+            f"--batch-choices must be positive integers with commas, got {text!r}"
+        )
+    return sizes
 
 
 def _check_grouping(g: str) -> None:
@@ -226,6 +273,8 @@ class CostModel:
         slowdown: ``--slowdown`` (emulation).
         sample_ms: ``--sample-ms`` (emulation).
         wire: ``--wire``.
+        optimizer: ``--optimizer`` (its state counts in a device's memory;
+            ``None``: unknown, counted as SGD's).
     """
 
     cluster: ClusterSpec
@@ -235,17 +284,26 @@ class CostModel:
     slowdown: str | None = None
     sample_ms: float = 0.0
     wire: str = "fp32"
+    optimizer: str | None = None
     _cache: dict[Candidate, Score | None] = field(default_factory=dict, repr=False)
     _errors: dict[Candidate, str] = field(default_factory=dict, repr=False)
+    _memory: set[Candidate] = field(default_factory=set, repr=False)
 
     # -------------------------------------------------------------- space
     def worker_types(self) -> list[int]:
         """Indices of the node types with devices (a candidate's ``nodes``)."""
         return [i for i, t in enumerate(self.cluster.node_types) if t.devices > 0]
 
-    def default_space(self, *, modes: tuple[str, ...] = MODES) -> Space:
-        """Every node count up to 8 nodes of a type (beyond: powers of two and
-        all), server counts in powers of two up to the placement's limit."""
+    def default_space(
+        self,
+        *,
+        modes: tuple[str, ...] = MODES,
+        batch_sizes: tuple[int | None, ...] = (None,),
+    ) -> Space:
+        """Every node count up to 8 nodes of a type (beyond: powers of two,
+        every eighth of the type's nodes, and all), server counts in powers
+        of two up to the placement's limit; ``batch_sizes``: per-rank
+        batches to choose from (default: the model's ``batch_size``)."""
         if self.workers is not None:
             limit = max(1, self.workers // 2)
             return Space(
@@ -254,6 +312,7 @@ class CostModel:
                 groupings=("speed:2", "speed:3", "split:2", "split:4"),
                 servers=tuple(k for k in (1, 2, 3, 4) if k <= limit),
                 server_types=(self.cluster.node_types[0].name,),
+                batch_sizes=batch_sizes,
             )
         nodes = []
         for i in self.worker_types():
@@ -261,11 +320,11 @@ class CostModel:
             if count <= 8:
                 nodes.append(tuple(range(count + 1)))
             else:
-                nodes.append(
-                    tuple(
-                        sorted({0, count} | {2**j for j in range(count.bit_length())})
-                    )
-                )
+                # powers of two for the small end, eighths for the large one
+                # (a plan may want 48 of 64 nodes, not only 32 or 64)
+                eighths = {count * j // 8 for j in range(1, 9)}
+                powers = {2**j for j in range(count.bit_length())}
+                nodes.append(tuple(sorted({0, count} | powers | eighths)))
         top = self.cluster.max_servers
         servers = tuple(sorted({top} | {2**j for j in range(top.bit_length())}))
         return Space(
@@ -273,6 +332,7 @@ class CostModel:
             modes=modes,
             servers=tuple(k for k in servers if k <= top),
             server_types=self.cluster.servers.node_types,
+            batch_sizes=batch_sizes,
         )
 
     # ------------------------------------------------------------ cluster
@@ -325,7 +385,7 @@ class CostModel:
             mode=c.mode,
             groups=groups,
             servers=c.servers,
-            batch_size=self.batch_size,
+            batch_size=c.batch_size or self.batch_size,
             slowdown=self.slowdown,
             sample_ms=self.sample_ms,
             adaptive_batch=c.batches == "speed",
@@ -355,6 +415,10 @@ class CostModel:
                 raise ValueError(
                     f"grouping {c.grouping} makes one group (that is sync)"
                 )
+            short = self._memory_shortfall(c, job)
+            if short is not None:
+                self._memory.add(c)
+                raise ValueError(short)
             result = estimate(job)
             score: Score | None = Score(
                 result.samples_per_sec,
@@ -366,6 +430,53 @@ class CostModel:
             self._errors[c] = str(exc)
         self._cache[c] = score
         return score
+
+    # ------------------------------------------------------------- memory
+    def device_memory(self, mode: str, batch: int) -> float:
+        """Bytes one worker needs for ``batch`` samples (see the module)."""
+        p = self.profile
+        states = OPTIMIZER_STATES.get(self.optimizer or "sgd", 1)
+        state = states * p.parameter_bytes if mode == "sync" else 0.0
+        return p.activation_bytes_per_sample * batch + 2 * p.parameter_bytes + state
+
+    def _needs(self, c: Candidate, job: SimJob) -> dict[int, float]:
+        """Bytes needed per node of ``job`` (a device's most, or the sum on
+        shared cores)."""
+        needs: dict[int, float] = {}
+        for w in job.workers:
+            n, need = w["node"], self.device_memory(c.mode, int(w["batch"]))
+            if job.nodes[n]["shared"]:
+                needs[n] = needs.get(n, 0.0) + need
+            else:
+                needs[n] = max(needs.get(n, 0.0), need)
+        return needs
+
+    def _memory_shortfall(self, c: Candidate, job: SimJob) -> str | None:
+        types = {t.name: t for t in self.cluster_for(c).node_types}
+        for n, need in self._needs(c, job).items():
+            node = job.nodes[n]
+            memory = types[node["type"]].memory
+            if memory is not None and need > memory:
+                per = "node" if node["shared"] else "device"
+                return (
+                    f"out of memory on {node['type']}: a {per} needs "
+                    f"{need / 2**30:.2f} GiB, it has {memory / 2**30:.2f} GiB"
+                )
+        return None
+
+    def peak_memory(self, c: Candidate) -> float | None:
+        """The most bytes one device (or node of shared cores) of ``c`` needs
+        (``None``: the profile records no memory)."""
+        if not (
+            self.profile.parameter_bytes or self.profile.activation_bytes_per_sample
+        ):
+            return None
+        return max(self._needs(c, self.job(c)).values())
+
+    @property
+    def memory_dropped(self) -> int:
+        """Distinct candidates dropped so far for want of memory."""
+        return len(self._memory)
 
     def error(self, c: Candidate) -> str | None:
         """Why :meth:`score` found ``c`` does not fit (``None`` if it does)."""

@@ -387,7 +387,7 @@ def profile_model(
             "layers": "measured totals apportioned by each layer's FLOPs "
             "(backward twice forward)",
             "threads": torch.get_num_threads(),
-            "optimizer": cfg.optimizer,
+            "optimizer": cfg.optimizer,  # the servers' times depend on it
             **_device_notes(device),
         },
     )

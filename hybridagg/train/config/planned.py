@@ -1,10 +1,14 @@
 """``--plan FILE``: a plan from ``hybridagg plan`` as ``hybridagg train``'s options.
 
-The plan sets the fields it chose (:meth:`hybridagg.sim.planfile.Plan.settings`:
-mode, groups, servers, batch size, adaptive batches). A flag the user gave
-too must agree with the plan, else it is an error naming both: a plan
-silently overridden by a flag, or a flag silently overridden by a plan,
-would run a job nobody chose. Pure logic apart from reading the file.
+The plan sets the fields it chose and those its prediction was scored
+under (:meth:`hybridagg.sim.planfile.Plan.settings`: mode, groups, servers,
+batch size, adaptive batches, wire format, slowdown, sample-ms and, when
+the profile named it, the optimizer). A flag the user gave too must agree
+with the plan, else it is an error naming both: a plan silently overridden
+by a flag, or a flag silently overridden by a plan, would run a job nobody
+chose (or one the prediction does not describe). Values are compared as
+the job reads them (``--slowdown 2-3:4`` and ``0:1,2:4,3:4.0`` agree). Pure
+logic apart from reading the file.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def apply_plan(values: dict[str, Any], given: Collection[str]) -> dict[str, Any]
     settings = load_plan(path).settings()
     out = dict(values)
     for name, wanted in settings.items():
-        if name in given and values.get(name) != wanted:
+        if name in given and not _same(name, values.get(name), wanted):
             shown = values.get(name)
             raise ValueError(
                 f"--plan {path} sets {flag(name)} to {_show(wanted)}, but "
@@ -43,6 +47,25 @@ def apply_plan(values: dict[str, Any], given: Collection[str]) -> dict[str, Any]
             )
         out[name] = wanted
     return out
+
+
+def _same(name: str, given: Any, wanted: Any) -> bool:
+    if given == wanted:
+        return True
+    if name == "slowdown":
+        from ...slowdown import parse_slowdown
+
+        def slowed(spec: Any) -> list[tuple[float, dict[int, float]]]:
+            phases = parse_slowdown(spec).phases
+            return [(t, {r: f for r, f in fs.items() if f != 1.0}) for t, fs in phases]
+
+        try:
+            return slowed(given) == slowed(wanted)
+        except ValueError:
+            return False  # the configuration's own check names the bad spec
+    if name == "sample_ms" and isinstance(given, (int, float)):
+        return float(given) == float(wanted)
+    return False
 
 
 def _show(value: Any) -> str:

@@ -230,6 +230,10 @@ class PlanOptions(Concern):
     """samples per rank per step (the base of equal and speed-proportional
     batches)"""
 
+    batch_choices: str | None = None
+    """or per-rank batches for the planner to choose from, e.g. 16,32,64
+    (each checked against the node types' memory)"""
+
     slowdown: str | None = None
     """the emulation's per-rank slowdown (as hybridagg train's --slowdown)"""
 
@@ -299,9 +303,11 @@ class PlanOptions(Concern):
             )
         if self.objective != "cost" and self.min_samples_per_sec is not None:
             raise ValueError("--min-samples-per-sec goes with --objective cost")
+        from ...sim.space import parse_batch_choices
         from ...slowdown import parse_slowdown
 
         parse_slowdown(self.slowdown)  # raises on a malformed spec
+        parse_batch_choices(self.batch_choices)
 
 
 @dataclass(frozen=True, kw_only=True)
