@@ -390,7 +390,14 @@ def _run_ps(nbytes: int, args, out: Path) -> None:
     import ps as psbench
 
     argv = ["--servers", "1", "--max", _size_arg(nbytes), "--reps", str(args.reps)]
-    argv += ["--leaders", "2,4", "--nap-ms", "0", "--seconds", str(args.ps_seconds)]
+    argv += [
+        "--leaders",
+        args.ps_leaders,
+        "--nap-ms",
+        "0",
+        "--seconds",
+        str(args.ps_seconds),
+    ]
     argv += ["--capacity-bytes", str(nbytes), "--json", str(out)]
     if psbench.main(argv) != 0:
         raise SystemExit("simcheck: bench/ps.py failed")
@@ -523,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-extra", default="", help="more train (and simulate) flags")
     p.add_argument("--reps", type=int, default=5, help="profile and ps.py repetitions")
     p.add_argument("--ps-seconds", type=float, default=4.0, help="ps.py capacity jobs")
+    p.add_argument(
+        "--ps-leaders", default="2,4",
+        help="ps.py capacity jobs' leaders (hybrid's 2 groups, async's 4)",
+    )  # fmt: skip
     p.add_argument(
         "--allreduce-impls", default="hybridagg-flat,mpi4py",
         help="bench/allreduce.py's --impls",
