@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     start = time.perf_counter()
                     if config == PLANNED:
                         plan_file, plan = make_plan(cluster, args, tmp_path)
-                        plans.append({"cluster": cluster, **plan})
+                        plans.append({**plan, "emulation": cluster})
                         nranks, extra = plan["ranks"], ["--plan", str(plan_file)]
                         shown = plan["train_args"]
                     else:

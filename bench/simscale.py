@@ -44,6 +44,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(ROOT))
 
+from planner import SYNTHETIC  # noqa: E402  (the default profile)
+
 CLUSTER = ROOT / "examples" / "clusters" / "two-generation-1024.yaml"
 
 #: name -> (simulate options, uses servers)
@@ -94,33 +96,48 @@ def simulate_argv(
 
 def predict(argv: list[str], timeout: float) -> dict:
     """Run ``hybridagg simulate`` (a child process): its ``--json`` and the
-    wall time of the whole command (start-up included)."""
+    wall time of the whole command (start-up included).
+
+    A simulation that fails on its own (past ``--sim-timeout``, or the
+    engine's error) gives a record with ``error`` and no figures, so the
+    other (ranks, mode) pairs still run; bad options stop everything.
+    """
     with tempfile.TemporaryDirectory(prefix="simscale-") as tmp:
         out = Path(tmp) / "p.json"
         cmd = [sys.executable, "-m", "hybridagg.cli", *argv, "--json", str(out)]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - start
-        if done.returncode != 0 or not out.exists():
+        if done.returncode == 2:
             raise SystemExit(
-                f"simscale: hybridagg {shlex.join(argv)} failed: {done.stderr[-2000:]}"
+                f"simscale: hybridagg {shlex.join(argv)}: {done.stderr[-2000:]}"
             )
-        rec = json.loads(out.read_text())
+        if done.returncode != 0 or not out.exists():
+            rec = {
+                "error": done.stderr.strip()[-500:] or f"exit {done.returncode}",
+                "samples_per_sec": None,
+                "ideal_samples_per_sec": None,
+                "wall_s": wall,
+            }
+        else:
+            rec = json.loads(out.read_text())
     rec["command_wall_s"] = wall
     return rec
 
 
 def row(rec: dict) -> dict:
-    """A record's figures for the table (``of_ideal``: samples/s over the ideal)."""
-    ideal = rec["ideal_samples_per_sec"]
+    """A record's figures for the table (``of_ideal``: samples/s over the
+    ideal; ``None`` where the simulation failed)."""
+    rate, ideal = rec["samples_per_sec"], rec["ideal_samples_per_sec"]
     return {
         "ranks": rec["workers_asked"],
         "mode": rec["mode_name"],
-        "servers": rec["servers"],
-        "samples_per_sec": rec["samples_per_sec"],
+        "servers": rec.get("servers", rec.get("servers_asked")),
+        "samples_per_sec": rate,
         "ideal_samples_per_sec": ideal,
-        "of_ideal": rec["samples_per_sec"] / ideal if ideal else None,
+        "of_ideal": rate / ideal if (rate is not None and ideal) else None,
         "wall_s": rec["wall_s"],
+        "error": rec.get("error"),
     }
 
 
@@ -132,6 +149,12 @@ def markdown(records: list[dict]) -> str:
     ]
     for rec in records:
         r = row(rec)
+        if r["error"] is not None:
+            lines.append(
+                f"| {r['ranks']:,} | {r['mode']} | {r['servers']} | failed after "
+                f"{r['wall_s']:.0f} s: {r['error'].splitlines()[-1]} | | | |"
+            )
+            continue
         frac = "-" if r["of_ideal"] is None else f"{r['of_ideal']:.3f}"
         lines.append(
             f"| {r['ranks']:,} | {r['mode']} | {r['servers']} | "
@@ -149,7 +172,7 @@ def plot(records: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     plt = require("matplotlib.pyplot", "bench/simscale.py --png")
 
-    rows = [row(r) for r in records]
+    rows = [row(r) for r in records if r.get("error") is None]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["ranks"])
@@ -213,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="simscale-") as tmp:
         profile = args.profile
         if profile is None:
-            from planner import SYNTHETIC
-
             profile = str(save_profile(SYNTHETIC, Path(tmp) / "synthetic.json"))
         for workers in counts:
             servers = servers_for(cluster, workers, args.servers)
@@ -222,8 +243,12 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = simulate_argv(mode, workers, servers, profile, args)
                 rec = predict(cmd, args.timeout + 60)
                 rec.update({"workers_asked": workers, "mode_name": mode, "argv": cmd})
+                rec.setdefault("servers_asked", servers if MODES[mode][1] else 0)
                 records.append(rec)
                 r = row(rec)
+                if r["error"] is not None:
+                    print(f"# {workers:>5} {mode:<14} failed: {r['error']}", flush=True)
+                    continue
                 print(
                     f"# {workers:>5} {mode:<14} {r['samples_per_sec']:>12,.0f} "
                     f"samples/s, ideal {r['ideal_samples_per_sec']:,.0f}, "

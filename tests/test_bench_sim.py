@@ -263,6 +263,23 @@ def test_simscale_end_to_end_with_a_plot(simscale, tmp_path):
     assert all(0 < r["samples_per_sec"] <= r["ideal_samples_per_sec"] for r in recs)
     assert recs[1]["servers"] == 1 and all(r["wall_s"] > 0 for r in recs)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a simulation past its time is a failed row, not the end of the run
+    argv = json.loads(out.read_text())[1]["argv"]
+    argv[argv.index("--sim-timeout") + 1] = "1"
+    argv[argv.index("--samples") + 1] = str(10**9)  # far more than a second's
+    profile = tmp_path / "p.json"  # the run's own went with its temporary folder
+    from hybridagg.sim.profile import save_profile
+
+    save_profile(simscale.SYNTHETIC, profile)
+    argv[argv.index("--profile") + 1] = str(profile)
+    rec = simscale.predict(argv, 120)
+    assert rec["samples_per_sec"] is None and "600" not in rec["error"]
+    rec.update({"workers_asked": 16, "mode_name": "hybrid-node", "servers_asked": 1})
+    assert "| 16 | hybrid-node | 1 | failed after" in simscale.markdown([rec])
+    simscale.plot([recs[0], rec], str(png), "one failed")  # drawn without it
+    # bad options stop the whole run
+    with pytest.raises(SystemExit, match="simscale: hybridagg simulate"):
+        simscale.predict([*argv, "--mode", "warp"], 120)
 
 
 # ------------------------------------------------------------ planned
@@ -331,7 +348,7 @@ def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
     assert planned.main(argv) == 0
     data = json.loads(out.read_text())
     (plan,) = data["plans"]
-    assert plan["cluster"] == "headline-4x" and plan["workers"] == 4
+    assert plan["emulation"] == "headline-4x" and plan["workers"] == 4
     assert [(r["config"], r["seed"]) for r in data["records"]] == [
         ("planned", 0), ("sync", 0),
     ]  # fmt: skip
