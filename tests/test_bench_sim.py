@@ -1,0 +1,359 @@
+"""The issue-21 benchmarks: bench/simcheck.py, bench/simscale.py, bench/planned.py.
+
+Their arithmetic on fixed records, then each script end to end on its
+smallest settings (one cell, one seed, one epoch; a few simulated steps).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridagg.sim._simgrid import SimGridMissing, find_extension
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+ROOT = BENCH.parent
+
+try:
+    find_extension()
+    HAVE_SIMGRID = True
+except SimGridMissing:
+    HAVE_SIMGRID = False
+needs_simgrid = pytest.mark.skipif(
+    not HAVE_SIMGRID, reason="SimGrid is not installed (make simgrid)"
+)
+
+
+def load(name):
+    sys.path.insert(0, str(BENCH))  # the scripts import each other (hetero)
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def simcheck():
+    return load("simcheck")
+
+
+@pytest.fixture(scope="module")
+def simscale():
+    return load("simscale")
+
+
+@pytest.fixture(scope="module")
+def planned():
+    return load("planned")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from hybridagg.data import convert_digits
+
+    path = tmp_path_factory.mktemp("data") / "digits.h5"
+    convert_digits(path, val_fraction=0.2, seed=0, progress=False)
+    return str(path)
+
+
+def real(cell, mode, rates, where="shared memory"):
+    return [
+        {"cell": cell, "mode": mode, "where": where, "seed": s, "samples_per_sec": v}
+        for s, v in enumerate(rates)
+    ]
+
+
+def pred(cell, mode, rate, where="shared memory"):
+    return {
+        "cell": cell,
+        "mode": mode,
+        "where": where,
+        "samples_per_sec": rate,
+        "ideal_samples_per_sec": 2500.0,
+    }
+
+
+# ------------------------------------------------------------ simcheck
+def test_error_within_and_medians(simcheck):
+    assert simcheck.error(115.0, 100.0) == pytest.approx(0.15)
+    assert simcheck.error(80.0, 100.0) == pytest.approx(-0.2)
+    assert simcheck.within(0.15) and simcheck.within(-0.15)
+    assert not simcheck.within(0.1501) and not simcheck.within(-0.2)
+    assert simcheck.median_range([3.0, 1.0, 2.0, None]) == (2.0, 1.0, 3.0)
+    assert simcheck.median_range([None]) is None
+    # ranges that touch overlap; apart by any gap they are separated
+    assert not simcheck.separated((5.0, 4.0, 6.0), (7.0, 6.0, 8.0))
+    assert simcheck.separated((5.0, 4.0, 6.0), (7.5, 6.1, 8.0))
+    assert simcheck.separated((9.0, 8.0, 10.0), (2.0, 1.0, 3.0))
+
+
+def test_table_rows_score_each_mode_and_the_ordering(simcheck):
+    records = real("4x", "sync", [400.0, 420.0, 380.0])
+    records += real("4x", "hybrid", [800.0, 900.0, 850.0])
+    records += real("4x", "async", [820.0, 780.0, 760.0])  # overlaps hybrid
+    records += real("1x", "sync", [1000.0], where="four-workers-10g")
+    preds = [
+        pred("4x", "sync", 460.0),  # +15% of 400: within
+        pred("4x", "hybrid", 700.0),  # -17.6%: not, yet above sync: agrees
+        pred("4x", "async", 300.0),  # below sync: the ordering differs
+        pred("1x", "sync", 1100.0, where="four-workers-10g"),
+    ]
+    rows = {
+        (r["where"], r["cell"], r["mode"]): r
+        for r in simcheck.table_rows(records, preds)
+    }
+    sync = rows[("shared memory", "4x", "sync")]
+    assert sync["real"] == (400.0, 380.0, 420.0) and sync["seeds"] == 3
+    assert sync["error"] == pytest.approx(0.15) and sync["within"] is True
+    hybrid = rows[("shared memory", "4x", "hybrid")]
+    assert hybrid["error"] == pytest.approx(700 / 850 - 1) and hybrid["within"] is False
+    assert hybrid["ordering"] == [{"other": "sync", "agrees": True}]
+    # async is apart from sync only (its range meets hybrid's)
+    assert rows[("shared memory", "4x", "async")]["ordering"] == [
+        {"other": "sync", "agrees": False}
+    ]
+    assert sync["ordering"] == [
+        {"other": "hybrid", "agrees": True},
+        {"other": "async", "agrees": False},
+    ]
+    lone = rows[("four-workers-10g", "1x", "sync")]
+    assert lone["ordering"] is None and lone["error"] == pytest.approx(0.1)
+    table = simcheck.markdown(simcheck.table_rows(records, preds))
+    assert (
+        "| shared memory | 4x | sync | 3 | 400 [380-420] | 460 | +15.0% | yes |"
+        in table
+    )
+    assert "| -17.6% | **no** | agrees vs sync |" in table
+    assert "**differs** vs sync" in table
+    assert "- (no mode apart)" in table
+    assert "2 of 4 predictions within 15%; 1 of 2 pairs of modes" in table
+
+
+def test_a_cell_without_a_prediction_or_runs_is_shown_not_scored(simcheck):
+    rows = simcheck.table_rows(real("8x", "sync", [500.0]), [pred("8x", "async", 9.0)])
+    by = {r["mode"]: r for r in rows}
+    assert by["sync"]["predicted"] is None and by["sync"]["within"] is None
+    assert by["async"]["real"] is None and by["async"]["error"] is None
+    assert "0 of 0 predictions" in simcheck.markdown(rows)
+
+
+def test_simulate_options_are_the_cells_own(simcheck, tmp_path):
+    import argparse
+
+    args = argparse.Namespace(
+        data="d.h5", epochs=None, lr=0.05, batch_size=32, sample_ms=None,
+        target_accuracy=0.9, eval_every=5, change_at=3.0, train_extra="",
+        timeout=60, seeds=1, cluster=None,
+    )  # fmt: skip
+    h = simcheck.hetero_args(args, "twin-4x", "ps.json")
+    assert (h.model, h.epochs, h.sample_ms, h.ps_capacity) == (
+        "resnet50-twin", 2, 2.0, "ps.json",
+    )  # fmt: skip
+    argv = simcheck.simulate_argv("twin-4x", "hybrid", h, "p.json", None)
+    assert argv[:2] == ["simulate", "--profile"]
+    for flag, value in (
+        ("--mode", "hybrid"), ("--groups", "0-1,2-3"), ("--servers", "1"),
+        ("--slowdown", "0-1:1,2-3:4"), ("--sample-ms", "2.0"), ("--epochs", "2"),
+        ("--model", "resnet50-twin"), ("--ranks", "5"), ("--batch-size", "32"),
+    ):  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value, flag
+    h = simcheck.hetero_args(args, "change")
+    argv = simcheck.simulate_argv("change", "sync+adaptive", h, "p.json", "c.yaml")
+    assert "--adaptive-batch" in argv and "--ranks" not in argv
+    assert argv[argv.index("--cluster") + 1] == "c.yaml"
+    assert argv[argv.index("--slowdown") + 1] == "0-1:1,2-3:4@0;0-1:4,2-3:1@3"
+
+
+def test_the_simulators_cluster_must_describe_the_emulated_one(simcheck, tmp_path):
+    emulated = BENCH / "clusters" / "four-workers-10g.toml"
+    simcheck.check_cluster_match(emulated, simcheck.SIM_CLUSTERS[emulated.name], 4)
+    wrong = tmp_path / "wrong.yaml"
+    text = simcheck.SIM_CLUSTERS[emulated.name].read_text()
+    wrong.write_text(text.replace("devices: 2", "devices: 4"))
+    with pytest.raises(SystemExit, match="workers per host"):
+        simcheck.check_cluster_match(emulated, wrong, 4)
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(text.replace("bandwidth: 10Gb/s", "bandwidth: 1Gb/s"))
+    with pytest.raises(SystemExit, match="link is"):
+        simcheck.check_cluster_match(emulated, slow, 4)
+
+
+def test_simcheck_refuses_unknown_cells_and_outside_modes(simcheck):
+    with pytest.raises(SystemExit, match="unknown --cells"):
+        simcheck.main(["--cells", "16x"])
+    with pytest.raises(SystemExit, match="hybridagg's modes only"):
+        simcheck.main(["--modes", "sync,ddp"])
+    with pytest.raises(SystemExit, match="--reuse needs --work"):
+        simcheck.main(["--reuse"])
+
+
+@needs_simgrid
+def test_simcheck_end_to_end_and_from_json(simcheck, digits, tmp_path, capsys):
+    """Calibrate, train one seed of one epoch, simulate; then the table again
+    from the JSON alone."""
+    out, work = tmp_path / "s.json", tmp_path / "work"
+    argv = ["--cells", "4x", "--modes", "sync", "--seeds", "1", "--epochs", "1"]
+    argv += ["--data", digits, "--reps", "1", "--ps-seconds", "0.3"]
+    argv += ["--ps-leaders", "2", "--allreduce-impls", "hybridagg-flat"]
+    argv += ["--work", str(work), "--json", str(out), "--timeout", "600"]
+    assert simcheck.main(argv) == 0
+    data = json.loads(out.read_text())
+    (cal,) = data["calibration"]
+    assert cal["model"] == "mlp" and cal["content"]["format"] == "hybridagg-profile"
+    for name in ("profile-mlp.json", "allreduce-mlp.json", "ps-mlp.json"):
+        assert (work / name).exists()
+    (rec,) = data["records"]
+    assert (rec["cell"], rec["mode"], rec["where"]) == ("4x", "sync", "shared memory")
+    (p,) = data["predictions"]
+    assert p["samples_per_sec"] > 0 and "--ranks" in p["argv"]
+    (row,) = data["rows"]
+    assert row["error"] == pytest.approx(
+        p["samples_per_sec"] / rec["samples_per_sec"] - 1
+    )
+    first = capsys.readouterr().out
+    assert simcheck.main(["--from-json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.strip() and table.strip() in first
+
+
+# ------------------------------------------------------------ simscale
+def test_simscale_servers_options_and_table(simscale):
+    from hybridagg.sim import load_cluster
+
+    cluster = load_cluster(simscale.CLUSTER)
+    # half the nodes slow, one server slot per slow node
+    assert simscale.servers_for(cluster, 64, "max") == 4
+    assert simscale.servers_for(cluster, 1024, "max") == 64
+    assert simscale.servers_for(cluster, 64, "2") == 2
+    with pytest.raises(SystemExit, match="slots"):
+        simscale.servers_for(cluster, 64, "5")
+    import argparse
+
+    args = argparse.Namespace(
+        cluster="c.yaml", batch_size=32, steps_per_worker=10, timeout=60, extra=""
+    )
+    argv = simscale.simulate_argv("hybrid-node", 64, 4, "p.json", args)
+    for flag, value in (("--groups", "node"), ("--servers", "4"), ("--ranks", "68"),
+                        ("--samples", str(64 * 32 * 10)), ("--epochs", "1")):  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value
+    argv = simscale.simulate_argv("sync+adaptive", 64, 4, "p.json", args)
+    assert "--servers" not in argv and argv[argv.index("--ranks") + 1] == "64"
+    rec = {"workers_asked": 256, "mode_name": "sync", "servers": 0,
+           "samples_per_sec": 50_000.0, "ideal_samples_per_sec": 128_000.0,
+           "wall_s": 2.5}  # fmt: skip
+    assert simscale.row(rec)["of_ideal"] == pytest.approx(50 / 128)
+    assert "| 256 | sync | 0 | 50,000 | 128,000 | 0.391 | 2.5 |" in simscale.markdown(
+        [rec]
+    )
+    with pytest.raises(SystemExit, match="unknown --modes"):
+        simscale.main(["--modes", "sync,ring"])
+
+
+@needs_simgrid
+def test_simscale_end_to_end_with_a_plot(simscale, tmp_path):
+    out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    argv = ["--ranks", "16", "--modes", "sync,hybrid-node", "--steps-per-worker", "2"]
+    assert simscale.main([*argv, "--json", str(out), "--png", str(png)]) == 0
+    recs = json.loads(out.read_text())
+    assert [(r["workers_asked"], r["mode_name"]) for r in recs] == [
+        (16, "sync"), (16, "hybrid-node"),
+    ]  # fmt: skip
+    assert all(0 < r["samples_per_sec"] <= r["ideal_samples_per_sec"] for r in recs)
+    assert recs[1]["servers"] == 1 and all(r["wall_s"] > 0 for r in recs)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a simulation past its time is a failed row, not the end of the run
+    argv = json.loads(out.read_text())[1]["argv"]
+    argv[argv.index("--sim-timeout") + 1] = "1"
+    argv[argv.index("--samples") + 1] = str(10**9)  # far more than a second's
+    profile = tmp_path / "p.json"  # the run's own went with its temporary folder
+    from hybridagg.sim.profile import save_profile
+
+    save_profile(simscale.SYNTHETIC, profile)
+    argv[argv.index("--profile") + 1] = str(profile)
+    rec = simscale.predict(argv, 120)
+    assert rec["samples_per_sec"] is None and "600" not in rec["error"]
+    rec.update({"workers_asked": 16, "mode_name": "hybrid-node", "servers_asked": 1})
+    assert "| 16 | hybrid-node | 1 | failed after" in simscale.markdown([rec])
+    simscale.plot([recs[0], rec], str(png), "one failed")  # drawn without it
+    # bad options stop the whole run
+    with pytest.raises(SystemExit, match="simscale: hybridagg simulate"):
+        simscale.predict([*argv, "--mode", "warp"], 120)
+
+
+# ------------------------------------------------------------ planned
+def run(cluster, config, seed, ttt, sps=1000.0):
+    return {
+        "cluster": cluster,
+        "config": config,
+        "seed": seed,
+        "time_to_target_s": ttt,
+        "samples_per_sec": sps,
+        "train_args": ["--mode", "sync"] if config == "planned" else None,
+    }
+
+
+def test_planned_ratio_is_to_the_best_hand_written_median(planned):
+    records = [run("u", "planned", s, t) for s, t in enumerate([3.0, 2.0, 4.0])]
+    records += [run("u", "sync", s, t) for s, t in enumerate([8.0, 9.0, 7.0])]
+    records += [run("u", "async", s, t) for s, t in enumerate([4.0, None, 3.0])]
+    records += [run("h", "sync", 0, None), run("h", "planned", 0, 1.0)]
+    rows = {(r["cluster"], r["config"]): r for r in planned.rows(records)}
+    plan = rows[("u", "planned")]
+    assert plan["ttt"] == (3.0, 2.0, 4.0)
+    # async's median over the seeds that reached the target: 3.5
+    assert rows[("u", "async")]["ttt"][0] == 3.5
+    assert rows[("u", "async")]["reached"] == 2 and rows[("u", "async")]["runs"] == 3
+    assert plan["best_hand_written"] == "async"
+    assert plan["ratio"] == pytest.approx(3.0 / 3.5)
+    assert rows[("u", "sync")]["ratio"] is None
+    # no hand-written run reached the target: no ratio
+    assert rows[("h", "planned")]["ratio"] is None
+    table = planned.markdown(planned.rows(records), 0.9)
+    assert "| u | planned: `--mode sync` | 3.00 [2.00-4.00] | 3/3 |" in table
+    assert "**0.857** (vs async)" in table
+    assert "| h | sync | - | 0/1 |" in table
+
+
+def test_planned_configurations_match_the_clusters(planned, tmp_path):
+    assert planned.hand_written("hybrid", "uneven-8") == (
+        9, ["--mode", "hybrid", "--groups", "0-1,2-4,5-7", "--servers", "1"],
+    )  # fmt: skip
+    assert planned.hand_written("sync+adaptive", "headline-4x") == (
+        4, ["--mode", "sync", "--adaptive-batch"],
+    )  # fmt: skip
+    import argparse
+
+    args = argparse.Namespace(
+        data="d.h5", model="mlp", epochs=6, lr=0.05, batch_size=32,
+        target_accuracy=0.9, eval_every=5, profile=None,
+    )  # fmt: skip
+    common = planned.common_args("uneven-8", args)
+    assert common[common.index("--slowdown") + 1] == "0-1:1,2-4:2,5-7:4"
+    assert common[common.index("--sample-ms") + 1] == "2"
+    argv = planned.plan_argv("headline-4x", args, tmp_path / "p", tmp_path / "j")
+    for flag, value in (("-n", "4"), ("--slowdown", "0-1:1,2-3:4"),
+                        ("--objective", "throughput"), ("--model", "mlp")):  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value
+    with pytest.raises(SystemExit, match="unknown --configs"):
+        planned.main(["--configs", "planned,ddp"])
+
+
+@needs_simgrid
+def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
+    out = tmp_path / "planned.json"
+    argv = ["--clusters", "headline-4x", "--configs", "planned,sync", "--seeds", "1"]
+    argv += ["--epochs", "1", "--data", digits, "--json", str(out), "--timeout", "600"]
+    assert planned.main(argv) == 0
+    data = json.loads(out.read_text())
+    (plan,) = data["plans"]
+    assert plan["emulation"] == "headline-4x" and plan["workers"] == 4
+    assert [(r["config"], r["seed"]) for r in data["records"]] == [
+        ("planned", 0), ("sync", 0),
+    ]  # fmt: skip
+    assert data["records"][0]["train_args"] == plan["train_args"]
+    assert all(r["samples_per_sec"] > 0 for r in data["records"])
+    capsys.readouterr()
+    assert planned.main(["--from-json", str(out)]) == 0
+    assert "| headline-4x | sync |" in capsys.readouterr().out
