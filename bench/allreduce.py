@@ -99,10 +99,18 @@ class Bench:
         loss = sum(p.sum() for p in self.params)
         loss.backward()
 
-    def run(self, impl: str) -> float:
-        """One repetition of ``impl`` on this rank; returns seconds."""
+    def run(self, impl: str, gap_s: float = 0.0) -> float:
+        """One repetition of ``impl`` on this rank; returns seconds.
+
+        With ``gap_s`` every rank sleeps that long after the barrier before
+        it starts (the timer starts when its own sleep ends), as a paced
+        training step computes before its reduction: the ranks then arrive
+        as they wake up, not together, and an idle wait has backed off.
+        """
         comm = self.comm
         comm.mpi.Barrier()  # blocking, as OSU: ranks leave it together
+        if gap_s > 0 and impl != "hybridagg":
+            time.sleep(gap_s)
         if impl == "hybridagg":
             # the backward alone, timed the second time, so that it and the
             # timed backward with reduction below find the caches alike
@@ -114,6 +122,8 @@ class Bench:
                     local = time.perf_counter() - start
             self.opt.zero_grad()
             comm.mpi.Barrier()  # blocking, as OSU: ranks leave it together
+            if gap_s > 0:
+                time.sleep(gap_s)
             start = time.perf_counter()
             self._backward()
             self.opt.synchronize()
@@ -157,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, from {IMPLS} (default: all but horovod)",
     )
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="every rank sleeps this long before each timed reduction, as a "
+        "paced training step computes first (default 0: back to back)",
+    )
     parser.add_argument(
         "--wire",
         default="fp32",
@@ -204,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.warmup + reps):
             order = impls[rep % len(impls) :] + impls[: rep % len(impls)]
             for impl in order:
-                t = bench.run(impl)
+                t = bench.run(impl, args.gap_ms * 1e-3)
                 if rep >= args.warmup:
                     times[impl].append(t)
         flat_ops = (args.warmup + reps) if "hybridagg-flat" in impls else 0
@@ -231,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 "busbw_GBps": busbw,
                 "reps": reps,
                 "wire": args.wire if impl.startswith("hybridagg") else "fp32",
+                "gap_ms": args.gap_ms,
             }
             if impl == "hybridagg-flat" and args.wire != "fp32" and flat_ops:
                 rec["sent_bytes"] = sent // flat_ops
