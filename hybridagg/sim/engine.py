@@ -657,6 +657,7 @@ class _Sim:
             if st.staleness
             else 0.0,
             "wall_s": wall,
+            "server_actors": len(self.server_host),  # 1 for a bank
         }
 
 
