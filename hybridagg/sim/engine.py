@@ -24,7 +24,14 @@ data must all have arrived. The leader also pushes the group's gradient to
 the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
 costs ``server_update_s + master bytes x server_byte_s`` of its host's time
-(the float32 master weights of its shard, whatever the wire).
+(the float32 master weights of its shard, whatever the wire). With
+``SimJob.server_bank`` (:func:`hybridagg.sim.job.bank_servers`: 4,096
+pushes a round or more, interchangeable servers) the servers are one bank:
+one host behind their links side by side, one actor, a push and a reply
+one flow each of the whole gradient, each update one shard's cost; a
+simulated event (a simcall: a thread switch in the Python binding) per
+server per push, and as many concurrent flows, are what made 1,024 async
+leaders with 64 servers take more than 300 s.
 The reduction runs one collective per gradient bucket, one after another
 in the reducer's order, each starting when backward has filled its bucket
 (the profile's bucket schedule), so it overlaps the rest of backward as in
