@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
+from hybridagg.sim.job import BANK_MIN_FLOWS, bank_servers
 from hybridagg.sim.profile import (
     AllreduceFit,
     MachineInfo,
@@ -292,6 +294,83 @@ def test_two_generation_1024_prediction_completes(tmp_path):
     # the fast half runs at twice the profiled rate
     assert prediction.ideal_samples_per_sec == pytest.approx(512 / 0.003 * 3)
     assert prediction.samples_per_sec < prediction.ideal_samples_per_sec
+
+
+def test_interchangeable_servers_become_a_bank_only_at_scale():
+    cut = load_cluster("examples/clusters/two-generation-1024.yaml").scaled
+    small = build_job(options(mode="async", servers=4), cut(64), PROFILE)
+    big = build_job(options(mode="async", servers=16), cut(256), PROFILE)
+    node = build_job(
+        options(mode="hybrid", groups="node", servers=16), cut(256), PROFILE
+    )
+    # 64 x 4 and 32 x 16 pushes a round: each server its own; 256 x 16: a bank
+    assert 256 * 16 >= BANK_MIN_FLOWS > 32 * 16
+    assert (small.server_bank, node.server_bank, big.server_bank) == (
+        False,
+        False,
+        True,
+    )
+    nodes, servers = big.nodes, big.servers
+    assert bank_servers(nodes, servers, 256)
+    faster = [{**servers[0], "speed": 2.0}, *servers[1:]]
+    assert not bank_servers(nodes, faster, 256)
+    shared = [{**n, "shared": True} for n in nodes]
+    assert not bank_servers(shared, servers, 256)
+    assert not bank_servers(nodes, servers[:1], 10_000)
+
+
+def _engine(job, tmp_path) -> dict:
+    """The engine's own result (with ``server_actors``)."""
+    (tmp_path / "job.json").write_text(json.dumps(job.as_dict()))
+    subprocess.run(
+        [sys.executable, "-m", "hybridagg.sim.engine", "job.json", "out.json"],
+        cwd=tmp_path, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+@needs_simgrid
+@pytest.mark.parametrize(
+    "mode, groups, slowdown",
+    [("async", None, None), ("hybrid", "node", "0:2,5:1.5")],
+)
+def test_a_bank_predicts_what_symmetric_servers_one_by_one_do(
+    tmp_path, mode, groups, slowdown
+):
+    # servers on nodes of their own, every leader as far from each: the
+    # shards of a push move and are served alike, so one flow of the whole
+    # gradient to one server actor over the links side by side is exact
+    cluster = ClusterSpec(
+        name="t",
+        node_types=(NodeType("g", count=4, devices=4), NodeType("s", 8, 0)),
+        intra_node=LinkSpec(1e10, 2e-6), inter_node=LinkSpec(3e9, 1e-5),
+        servers=ServerPlacement(("s",), 1),
+    )  # fmt: skip
+    job = build_job(
+        options(mode=mode, groups=groups, servers=8, steps=24, slowdown=slowdown),
+        cluster,
+        PROFILE,
+    )
+    assert not job.server_bank  # 16 or 4 leaders x 8 servers
+    one_by_one = _engine(job, tmp_path)
+    bank = _engine(replace(job, server_bank=True), tmp_path)
+    assert (one_by_one["server_actors"], bank["server_actors"]) == (8, 1)
+    for key in ("time_s", "samples_per_sec", "mean_staleness"):
+        assert bank[key] == pytest.approx(one_by_one[key], rel=1e-9), key
+    assert bank["group_update_s"] == pytest.approx(one_by_one["group_update_s"])
+
+
+@needs_simgrid
+def test_async_at_1024_ranks_with_64_servers_is_bound_by_their_service_rate():
+    cluster = load_cluster("examples/clusters/two-generation-1024.yaml")
+    job = build_job(options(mode="async", servers=64, steps=512), cluster, PROFILE)
+    assert job.server_bank and len(job.groups) == 1024
+    prediction = simulate(job, timeout=120)
+    assert prediction.updates == 512
+    # every update is served by every server in turn: at most one per service
+    service = 0.004 + 1e8 / 64 * 2e-10
+    assert 512 / prediction.time_s <= 1 / service * (1 + 1e-9)
+    assert 512 / prediction.time_s > 0.5 / service  # and the servers are busy
 
 
 @needs_simgrid

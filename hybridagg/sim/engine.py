@@ -24,7 +24,14 @@ data must all have arrived. The leader also pushes the group's gradient to
 the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
 costs ``server_update_s + master bytes x server_byte_s`` of its host's time
-(the float32 master weights of its shard, whatever the wire).
+(the float32 master weights of its shard, whatever the wire). With
+``SimJob.server_bank`` (:func:`hybridagg.sim.job.bank_servers`: 4,096
+pushes a round or more, interchangeable servers) the servers are one bank:
+one host behind their links side by side, one actor, a push and a reply
+one flow each of the whole gradient, each update one shard's cost; a
+simulated event (a simcall: a thread switch in the Python binding) per
+server per push, and as many concurrent flows, are what made 1,024 async
+leaders with 64 servers take more than 300 s.
 The reduction runs one collective per gradient bucket, one after another
 in the reducer's order, each starting when backward has filled its bucket
 (the profile's bucket schedule), so it overlaps the rest of backward as in
@@ -107,6 +114,8 @@ class _Sim:
         self.server_host: list[Any] = []
         node_hosts: list[list[Any]] = []
         node_router: list[Any] = []
+        if job.server_bank:
+            self._build_bank(zone, core)
         for n, node in enumerate(job.nodes):
             if node["shared"]:
                 host = zone.create_host(f"{node['name']}", float(node["speed"]))
@@ -138,7 +147,7 @@ class _Sim:
                 self._link(zone, f"l{r}", node["intra"]),
             )
             self.worker_host.append(host)
-        for s, srv in enumerate(job.servers):
+        for s, srv in enumerate([] if job.server_bank else job.servers):
             node = job.nodes[srv["node"]]
             if node["shared"]:
                 self.server_host.append(node_hosts[srv["node"]][0])
@@ -156,8 +165,36 @@ class _Sim:
         self.host_node = {}
         for r, w in enumerate(job.workers):
             self.host_node[self.worker_host[r].name] = w["node"]
-        for s, srv in enumerate(job.servers):
-            self.host_node[self.server_host[s].name] = srv["node"]
+        for host, srv in zip(self.server_host, job.servers, strict=False):
+            self.host_node[host.name] = srv["node"]
+        # the bytes of one push (or reply) to each simulated server
+        self.shard = job.grad_bytes / len(self.server_host) if self.server_host else 0
+
+    def _build_bank(self, zone, core) -> None:
+        """The servers as one bank (:func:`hybridagg.sim.job.bank_servers`):
+        one host of a server's speed behind the servers' device links and
+        node links side by side (``servers x`` the bandwidth, the same
+        latencies: ``intra + inter`` from a leader), so a push of the whole
+        gradient meets what its shards would on the servers' side. (Pooling
+        the bank's link with the server nodes' own links was tried: it moved
+        async at 256 ranks 6.5% from the servers simulated one by one, this
+        0.4%.)"""
+        job, count = self.job, len(self.job.servers)
+        node = job.nodes[job.servers[0]["node"]]
+        router = zone.create_router("bank")
+        wide = {
+            "bandwidth": count * job.inter["bandwidth"],
+            "latency": job.inter["latency"],
+        }
+        self._attach(zone, router, core, self._link(zone, "banknic", wide))
+        host = zone.create_host("serverbank", float(job.servers[0]["speed"]))
+        host.seal()
+        device = {
+            "bandwidth": count * node["intra"]["bandwidth"],
+            "latency": node["intra"]["latency"],
+        }
+        self._attach(zone, host.netpoint, router, self._link(zone, "banksl", device))
+        self.server_host.append(host)
 
     # ------------------------------------------------------------ transfers
     def _shared_node(self, host) -> dict[str, Any] | None:
@@ -491,10 +528,10 @@ class _Sim:
         samples = sum(job.workers[r]["batch"] for r in ranks)
         host = self.worker_host[ranks[0]]
         me = shared["mailbox"]
-        shard = job.grad_bytes / len(job.servers)
+        shard = self.shard
         bcast = False
         if shared["pending"]:  # --overlap: the previous push's replies
-            shared["weights"] = max(me.get() for _ in job.servers)
+            shared["weights"] = max(me.get() for _ in self.server_host)
             shared["pending"] = False
             bcast = True
         for s, server in enumerate(self.server_host):
@@ -506,7 +543,7 @@ class _Sim:
             box.put_init((group, shared["computed_on"], samples), round(size)).detach()
         shared["pending"] = True
         if not job.overlap:
-            shared["weights"] = max(me.get() for _ in job.servers)
+            shared["weights"] = max(me.get() for _ in self.server_host)
             shared["pending"] = False
             bcast = True
         return bcast
@@ -520,14 +557,14 @@ class _Sim:
         me = sg.Mailbox.by_name(f"server{index}")
         me.set_receiver(sg.Actor.self())  # pushes move while the server works
         host = self.server_host[index]
-        shard = job.grad_bytes / len(job.servers)
+        shard = self.shard
         speed = float(job.servers[index]["speed"])
         book = GroupBook(len(job.groups), job.staleness_bound if index == 0 else None)
         version = 0
         held_version: dict[int, int] = {}  # the version a held reply carries
         while True:
             group, pulled, samples = me.get()
-            master = job.master_bytes / len(job.servers)
+            master = job.master_bytes / len(job.servers)  # (a bank's too)
             seconds = job.server_update_s + master * job.server_byte_s
             sg.this_actor.exec_async(seconds * host.speed / speed).wait()
             if index == 0:
@@ -595,7 +632,7 @@ class _Sim:
                 sg.Actor.create(f"bcast{r}", host, self.bcast_stage, g, i)
                 if i == 0:
                     sg.Actor.create(f"cross{r}", host, self.cross_stage, g)
-        for s in range(len(job.servers)):
+        for s in range(len(self.server_host)):
             sg.Actor.create(f"server{s}", self.server_host[s], self.server, s)
         for g, ranks in enumerate(job.groups):
             sg.Actor.create(
@@ -627,6 +664,7 @@ class _Sim:
             if st.staleness
             else 0.0,
             "wall_s": wall,
+            "server_actors": len(self.server_host),  # 1 for a bank
         }
 
 
