@@ -50,8 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from hybridagg.sim import load_cluster, load_profile  # noqa: E402
 from hybridagg.sim.job import machine_cluster  # noqa: E402
-from hybridagg.sim.planner import confirm  # noqa: E402
-from hybridagg.sim.policy import reinforce_search  # noqa: E402
+from hybridagg.sim.planner import compare_searchers, confirm  # noqa: E402
 from hybridagg.sim.profile import MachineInfo, Profile, ServerFit  # noqa: E402
 from hybridagg.sim.search import Objective, exact_search  # noqa: E402
 from hybridagg.sim.space import CostModel, Space  # noqa: E402
@@ -114,62 +113,17 @@ def spaces(profile: Profile) -> list[tuple[str, CostModel, Objective]]:
     ]
 
 
-def gap(objective: Objective, exact, found) -> float:
-    """How much worse ``found`` is than ``exact`` (0: as good)."""
-    if found is None:
-        return float("inf")
-    if objective.kind == "cost":
-        if not objective.feasible(found):
-            return float("inf")
-        return found.cost_per_hour / exact.cost_per_hour - 1
-    return 1 - found.samples_per_sec / exact.samples_per_sec
-
-
 def run(profile: Profile, seeds: int, rounds: int) -> list[dict]:
-    records = []
-    for name, model, objective in spaces(profile):
-        space = model.default_space()
-        start = time.perf_counter()
-        exact = exact_search(model, space, objective)
-        exact_s = time.perf_counter() - start
-        assert exact.best is not None and exact.score is not None
-        runs = []
-        for seed in range(seeds):
-            fresh = CostModel(**{**model.__dict__, "_cache": {}, "_errors": {}})
-            start = time.perf_counter()
-            rl = reinforce_search(fresh, space, objective, seed=seed, rounds=rounds)
-            runs.append(
-                {
-                    "seed": seed,
-                    "gap": gap(objective, exact.score, rl.score),
-                    "cost_per_hour": rl.score.cost_per_hour if rl.score else None,
-                    "samples_per_sec": rl.score.samples_per_sec if rl.score else None,
-                    "evaluated": rl.evaluated,
-                    "wall_s": time.perf_counter() - start,
-                    "plan": rl.best.describe() if rl.best else None,
-                }
-            )
-        gaps = [r["gap"] for r in runs]
-        records.append(
-            {
-                "space": name,
-                "objective": objective.kind,
-                "min_samples_per_sec": objective.min_samples_per_sec,
-                "configurations": space.size,
-                "exact": {
-                    "plan": exact.best.describe(),
-                    "cost_per_hour": exact.score.cost_per_hour,
-                    "samples_per_sec": exact.score.samples_per_sec,
-                    "evaluated": exact.evaluated,
-                    "pruned_node_sets": exact.pruned,
-                    "wall_s": exact_s,
-                },
-                "rl": runs,
-                "median_gap": statistics.median(gaps),
-                "max_gap": max(gaps),
-            }
-        )
-    return records
+    """One record per space: :func:`hybridagg.sim.planner.compare_searchers`'s."""
+    return [
+        {
+            "space": name,
+            **compare_searchers(
+                model, model.default_space(), objective, seeds=seeds, rounds=rounds
+            ),
+        }
+        for name, model, objective in spaces(profile)
+    ]
 
 
 def simulated_spaces(profile: Profile) -> list[tuple[str, CostModel, Space]]:
