@@ -623,23 +623,37 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .runtime.outcomes import ExitCode
     from .sim import build_job, load_cluster, load_profile, machine_cluster, simulate
     from .sim._simgrid import SimGridMissing
+    from .sim.planfile import job_rank_nodes, layout_conflict, load_plan, plan_cluster
     from .train.config.simulation import SimulateConfig
     from .train.flags import config_from_args
 
     try:
-        cfg = config_from_args(args, SimulateConfig)
+        cfg = config_from_args(args, SimulateConfig)  # --plan: its settings, --ranks
         profile = load_profile(cfg.profile)
         servers = cfg.num_servers
+        plan = load_plan(cfg.plan) if cfg.plan else None
         if cfg.cluster is None:
             cluster = machine_cluster(profile, cfg.ranks - servers, servers)
         else:
             cluster = load_cluster(cfg.cluster)
-            if cfg.ranks is not None:
+            if plan is not None:  # the plan's own cluster, cut to its nodes
+                cluster = plan_cluster(plan, cluster, profile, cfg.plan)
+            elif cfg.ranks is not None:
                 cluster = cluster.scaled(cfg.ranks - servers)
         samples = cfg.samples
         if samples is None and cfg.data is not None:
             samples = _train_samples(cfg.data)
         job = build_job(cfg, cluster, profile, samples=samples)
+        if plan is not None and cfg.cluster is not None:
+            # as hybridagg-run --plan --cluster: the groups and the servers'
+            # placement assume the plan's ranks-to-nodes order (a hand-edited
+            # plan, or one written by another version of the numbering, breaks it)
+            why = layout_conflict(plan, job_rank_nodes(job))
+            if why is not None:
+                raise ValueError(
+                    f"--cluster {cfg.cluster}: the plan {cfg.plan} places its "
+                    f"ranks otherwise: {why}"
+                )
         prediction = simulate(job, timeout=cfg.sim_timeout)
     except SimGridMissing as exc:
         print(f"hybridagg simulate: {exc}", file=sys.stderr)

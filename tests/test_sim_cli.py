@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_sim import PROFILE, needs_simgrid
 
 from hybridagg.sim import load_profile
 
@@ -96,6 +97,108 @@ def test_profile_options_refuse_fp16_on_the_cpu_and_bad_devices():
         ProfileConfig(**base, amp="fp16")
     with pytest.raises(ValueError, match="unknown --device 'gpu'"):
         ProfileConfig(**base, device="gpu")
+
+
+# ------------------------------------------------------------ simulate --plan
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+def _plans(tmp_path: Path) -> tuple[str, str, str]:
+    """A profile; a hybrid plan on three-speeds-priced (its cluster file by
+    a relative path; 1 fast and 1 slow node of 2 GPUs, the server alone on a
+    cpu node: 5 ranks); and a plan for this machine's emulation (4 workers,
+    2 servers)."""
+    from hybridagg.sim import CostModel, load_cluster, machine_cluster, save_profile
+    from hybridagg.sim.planfile import make_plan
+    from hybridagg.sim.space import Candidate
+
+    profile = PROFILE
+    prof = save_profile(profile, tmp_path / "prof.json")
+    rel = "examples/clusters/three-speeds-priced.yaml"
+    model = CostModel(load_cluster(CLUSTERS / "three-speeds-priced.yaml"), profile)
+    c = Candidate("hybrid", (1, 1), "split:2", 1, "cpu")
+    made = make_plan(model, c, model.score(c), objective="throughput",
+                     min_samples_per_sec=None, searcher="exact", cluster_file=rel)  # fmt: skip
+    here = CostModel(machine_cluster(profile, 4, 0), profile, workers=4)
+    h = Candidate("hybrid", (1,), "split:2", 2, "this-machine")
+    emulated = make_plan(here, h, here.score(h), objective="throughput",
+                         min_samples_per_sec=None, searcher="exact")  # fmt: skip
+    return (
+        str(prof),
+        str(made.save(tmp_path / "cluster-plan.json")),
+        str(emulated.save(tmp_path / "here-plan.json")),
+    )
+
+
+def test_simulate_takes_the_plans_ranks_and_refuses_others(tmp_path, capsys):
+    import json
+
+    from hybridagg.cli import build_parser, main
+    from hybridagg.train.config.simulation import SIMULATE_CONCERNS, SimulateConfig
+    from hybridagg.train.flags import config_from_args, given_fields
+
+    prof, plan, here = _plans(tmp_path)
+    base = ["simulate", "--profile", prof, "--steps", "3"]
+
+    def config(*flags: str) -> SimulateConfig:
+        argv = [*base, *flags]
+        args = build_parser().parse_args(argv)
+        args.given_flags = given_fields(argv[1:], SimulateConfig, SIMULATE_CONCERNS)
+        return config_from_args(args, SimulateConfig)
+
+    # neither --ranks nor --cluster: the plan's ranks, on this machine
+    assert config("--plan", plan).ranks == 5
+    assert config("--plan", here).ranks == 6
+    assert config("--plan", plan, "--ranks", "5").ranks == 5  # agrees: fine
+    with pytest.raises(ValueError, match="give --cluster FILE, --ranks N"):
+        config()  # without a plan, still one or the other
+    # another size: exit 2 naming both
+    assert main([*base, "--plan", plan, "--ranks", "4"]) == 2
+    assert "sets --ranks to 5, but --ranks 4 was given" in capsys.readouterr().err
+    # another cluster: its digest differs from the plan's
+    assert main([*base, "--plan", plan, "--cluster",
+                 str(CLUSTERS / "four-workers-10g.yaml")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "was made for cluster three-speeds-priced" in err
+    assert "describes four-workers-10g" in err
+    # a plan for this machine's emulation names no cluster file
+    assert main([*base, "--plan", here, "--cluster",
+                 str(CLUSTERS / "three-speeds-priced.yaml")]) == 2  # fmt: skip
+    assert "(no cluster file: simulate it without --cluster)" in capsys.readouterr().err
+    # a plan whose ranks-to-nodes order is not the cluster's (hand-edited)
+    data = json.loads(Path(plan).read_text())
+    assert data["rank_nodes"] == ["fast0", "fast0", "slow0", "slow0", "cpu0"]
+    data["rank_nodes"] = ["fast0", "slow0", "fast0", "slow0", "cpu0"]
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    assert main([*base, "--plan", str(edited), "--cluster",
+                 str(CLUSTERS / "three-speeds-priced.yaml")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "otherwise: rank 1 (plan node slow0) shares host fast0 with" in err
+
+
+@needs_simgrid
+def test_simulate_runs_the_plans_job(tmp_path, capsys):
+    import json
+
+    from hybridagg.cli import main
+
+    prof, plan, here = _plans(tmp_path)
+    out = tmp_path / "pred.json"
+    base = ["simulate", "--profile", prof, "--steps", "3", "--json", str(out)]
+    # the plan's cluster file by another path (the digest ignores the path):
+    # the plan's 2 of 7 nodes and its server node, not the whole cluster
+    cluster = str(CLUSTERS / "three-speeds-priced.yaml")
+    assert main([*base, "--plan", plan, "--cluster", cluster, "--ranks", "5"]) == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"] == "three-speeds-priced"
+    assert (result["workers"], result["servers"]) == (4, 1)
+    assert result["groups"] == [[0, 1], [2, 3]]
+    # this machine's plan, with no --ranks: its 4 workers and 2 servers
+    assert main([*base, "--plan", here]) == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["cluster"] == "this machine (profiled)"
+    assert (result["workers"], result["servers"]) == (4, 2)
 
 
 # ------------------------------------------------------------- the profiler

@@ -19,7 +19,10 @@ servers' placement assume; ``hybridagg-run --plan --cluster`` compares it
 with the emulated cluster's), ``server_type``, ``cluster_file``, and
 digests of the cluster and the profile (``cluster_digest``,
 ``profile_digest``: the first 16 hex digits of the SHA-256 of their
-canonical JSON) with a ``profile_summary``. Pure logic.
+canonical JSON; the cluster's without the name of the file it was read
+from) with a ``profile_summary``. ``hybridagg simulate --plan --cluster``
+holds the cluster file to that digest and simulates the plan's nodes of it
+(:func:`plan_cluster`). Pure logic.
 """
 
 from __future__ import annotations
@@ -32,16 +35,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: reading a plan (the launcher) needs no planner
+    from .cluster import ClusterSpec
+    from .job import SimJob
+    from .profile import Profile
     from .space import Candidate, CostModel, Score
 
 __all__ = [
     "FORMAT",
     "Plan",
+    "cluster_digest",
     "digest",
     "groups_spec",
+    "job_rank_nodes",
     "layout_conflict",
     "load_plan",
     "make_plan",
+    "plan_cluster",
 ]
 
 FORMAT = "hybridagg-plan"
@@ -52,6 +61,18 @@ def digest(data: Any) -> str:
     """The first 16 hex digits of the SHA-256 of ``data``'s canonical JSON."""
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cluster_digest(cluster: ClusterSpec) -> str:
+    """The digest of a cluster as a plan records it: the file's name is left
+    out (the same description read from another path is the same cluster)."""
+    return digest({**asdict(cluster), "source": ""})
+
+
+def job_rank_nodes(job: SimJob) -> list[str]:
+    """The node of each world rank of ``job``, workers then servers."""
+    nodes = [job.nodes[w["node"]]["name"] for w in job.workers]
+    return nodes + [job.nodes[s["node"]]["name"] for s in job.servers]
 
 
 def groups_spec(groups: list[list[int]]) -> str:
@@ -181,8 +202,6 @@ def make_plan(
     job = model.job(c)
     cluster = model.cluster_for(c)
     profile = model.profile
-    rank_nodes = [job.nodes[w["node"]]["name"] for w in job.workers]
-    rank_nodes += [job.nodes[s["node"]]["name"] for s in job.servers]
     return Plan(
         cluster=model.cluster.name,
         objective=objective,
@@ -204,10 +223,10 @@ def make_plan(
         slowdown=model.slowdown,
         sample_ms=float(model.sample_ms),
         optimizer=model.optimizer,
-        rank_nodes=rank_nodes,
+        rank_nodes=job_rank_nodes(job),
         server_type=c.server_type if c.servers else None,
         cluster_file=cluster_file,
-        cluster_digest=digest(asdict(model.cluster)),
+        cluster_digest=cluster_digest(model.cluster),
         profile_digest=digest(profile.as_dict()),
         profile_summary={
             "model": profile.model,
@@ -247,6 +266,40 @@ def layout_conflict(plan: Plan, hosts: Sequence[str]) -> str | None:
                 f"of plan node {to_node[host]}"
             )
     return None
+
+
+def plan_cluster(
+    plan: Plan, cluster: ClusterSpec, profile: Profile, path: str | Path
+) -> ClusterSpec:
+    """The nodes of ``cluster`` that ``plan`` (read from ``path``) uses, cut
+    as the planner cut them (:meth:`~.space.CostModel.cluster_for`: the
+    plan's nodes of each type, its servers on its ``server_type``).
+
+    Raises:
+        ValueError: ``cluster`` is not the one the plan was made for (its
+            digest differs, or the plan is for this machine's emulation),
+            naming both.
+    """
+    from .space import Candidate, CostModel
+
+    mine = cluster_digest(cluster)
+    if mine != plan.cluster_digest:
+        made_for = (
+            f"cluster {plan.cluster} ({plan.cluster_file}, digest {plan.cluster_digest})"
+            if plan.cluster_file
+            else f"{plan.cluster} (no cluster file: simulate it without --cluster)"
+        )
+        raise ValueError(
+            f"--plan {path} was made for {made_for}, but --cluster {cluster.source} "
+            f"describes {cluster.name} (digest {mine}); give the plan's cluster "
+            f"file, or plan again for this one"
+        )
+    model = CostModel(cluster, profile)
+    types = cluster.node_types
+    nodes = tuple(plan.nodes.get(types[i].name, 0) for i in model.worker_types())
+    return model.cluster_for(
+        Candidate(plan.mode, nodes, servers=plan.servers, server_type=plan.server_type)
+    )
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -3,7 +3,9 @@
 The plan sets the fields it chose and those its prediction was scored
 under (:meth:`hybridagg.sim.planfile.Plan.settings`: mode, groups, servers,
 batch size, adaptive batches, wire format, slowdown, sample-ms and, when
-the profile named it, the optimizer). A flag the user gave too must agree
+the profile named it, the optimizer) and, for ``hybridagg simulate``, its
+``--ranks`` (the plan's ``ranks``: the job's size is part of the plan; a
+run's size is checked at launch instead). A flag the user gave too must agree
 with the plan, else it is an error naming both: a plan silently overridden
 by a flag, or a flag silently overridden by a plan, would run a job nobody
 chose (or one the prediction does not describe). Values are compared as
@@ -36,7 +38,10 @@ def apply_plan(values: dict[str, Any], given: Collection[str]) -> dict[str, Any]
         return values
     from ...sim.planfile import load_plan
 
-    settings = load_plan(path).settings()
+    plan = load_plan(path)
+    settings = plan.settings()
+    if "ranks" in values:  # hybridagg simulate: the plan's size, as mpiexec -n
+        settings["ranks"] = plan.ranks
     out = dict(values)
     for name, wanted in settings.items():
         if name in given and not _same(name, values.get(name), wanted):

@@ -47,12 +47,14 @@ class SimulationOptions(Concern):
 
     cluster: str | None = None
     """cluster file (YAML, JSON or TOML; default: this machine as profiled,
-    with --ranks ranks)"""
+    with --ranks ranks); with --plan, the plan's cluster file, of which the
+    plan's nodes are simulated (another cluster is refused)"""
 
     ranks: int | None = option(None, at_least=2)
     """ranks of the job, servers included, as mpiexec -n would give them
     (with --cluster: the cluster cut down to this many workers plus the
-    servers, each node type keeping its share; default: every device)"""
+    servers, each node type keeping its share; default: every device; with
+    --plan: the plan's ranks, and another number is refused)"""
 
     samples: int | None = option(None, at_least=1)
     """training samples per epoch, for --epochs (default: --data's training
@@ -82,9 +84,10 @@ class SimulateConfig(SimulationOptions, TrainConfig):
         TrainConfig.__post_init__(self)
         check_declared(self, SimulationOptions)
         SimulationOptions._check(self)
-        if self.cluster is None and self.ranks is None:
+        if self.cluster is None and self.ranks is None:  # (--plan sets --ranks)
             raise ValueError(
-                "give --cluster FILE, or --ranks N to simulate this machine"
+                "give --cluster FILE, --ranks N to simulate this machine, or "
+                "--plan FILE"
             )
 
 
