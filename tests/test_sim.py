@@ -640,6 +640,22 @@ def test_this_machine_runs_on_its_calibrated_fits():
     assert job.nodes[0]["server_link"] == {"bandwidth": 2e9, "latency": 3e-5}
     engine, model = simulate(job), estimate(job)
     assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)
+    # round trips that did not grow with the bytes fit a latency alone
+    # (bandwidth 0): the latency still holds, the bytes move as copies
+    latency_only = replace(profile, server=replace(server, transfer_Bps=0.0))
+    cluster = machine_cluster(latency_only, 4, 1)
+    job = build_job(options(mode="async", servers=1), cluster, latency_only)
+    assert job.nodes[0]["server_link"] == {
+        "bandwidth": job.nodes[0]["memcpy_Bps"],
+        "latency": 3e-5,
+    }
+    bare = replace(server, transfer_Bps=0.0, transfer_latency_s=0.0)
+    uncalibrated = replace(profile, server=bare)
+    job = build_job(
+        options(mode="async", servers=1), machine_cluster(uncalibrated, 4, 1),
+        uncalibrated,
+    )  # fmt: skip
+    assert "server_link" not in job.nodes[0]
 
 
 @needs_simgrid

@@ -307,12 +307,15 @@ def build_job(
                     "memcpy_Bps": link.bandwidth,
                 }
             )
-            if t.shared_cores and profile.server.transfer_Bps > 0:
+            fit = profile.server
+            if t.shared_cores and (fit.transfer_Bps > 0 or fit.transfer_latency_s > 0):
                 # this machine's memory, calibrated on bench/ps.py: a
-                # leader's transfer to a server on the node
+                # leader's transfer to a server on the node (a fit whose
+                # round trips did not grow with the bytes measured only the
+                # latency: the bytes then move at the node's copy bandwidth)
                 nodes[-1]["server_link"] = {
-                    "bandwidth": profile.server.transfer_Bps,
-                    "latency": profile.server.transfer_latency_s,
+                    "bandwidth": fit.transfer_Bps or link.bandwidth,
+                    "latency": fit.transfer_latency_s,
                 }
             for d in range(t.devices):
                 workers.append(
