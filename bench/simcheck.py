@@ -421,6 +421,7 @@ def simulate_argv(
     argv += ["--sample-ms", str(h.sample_ms), "--batch-size", str(h.batch_size)]
     argv += ["--epochs", str(h.epochs), "--data", h.data, "--model", h.model]
     argv += ["--lr", str(h.lr), "--wire", h.wire, *shlex.split(h.train_extra)]
+    argv += ["--eval-every", str(h.eval_every)]  # rank 0's validations cost wall time
     if sim_cluster:
         argv += ["--cluster", str(sim_cluster)]
     else:

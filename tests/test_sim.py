@@ -63,7 +63,7 @@ def options(**kw):
         sample_ms=0.0, adaptive_batch=False, adaptive_groups=False, min_batch=1,
         max_batch=None, overlap=False, wire="fp32", steps=3, epochs=None,
         stream_push=False, staleness_bound=None, accumulate=1, amp="none",
-        device="cpu",
+        device="cpu", eval_every=None,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
@@ -640,6 +640,22 @@ def test_this_machine_runs_on_its_calibrated_fits():
     assert job.nodes[0]["server_link"] == {"bandwidth": 2e9, "latency": 3e-5}
     engine, model = simulate(job), estimate(job)
     assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)
+    # round trips that did not grow with the bytes fit a latency alone
+    # (bandwidth 0): the latency still holds, the bytes move as copies
+    latency_only = replace(profile, server=replace(server, transfer_Bps=0.0))
+    cluster = machine_cluster(latency_only, 4, 1)
+    job = build_job(options(mode="async", servers=1), cluster, latency_only)
+    assert job.nodes[0]["server_link"] == {
+        "bandwidth": job.nodes[0]["memcpy_Bps"],
+        "latency": 3e-5,
+    }
+    bare = replace(server, transfer_Bps=0.0, transfer_latency_s=0.0)
+    uncalibrated = replace(profile, server=bare)
+    job = build_job(
+        options(mode="async", servers=1), machine_cluster(uncalibrated, 4, 1),
+        uncalibrated,
+    )  # fmt: skip
+    assert "server_link" not in job.nodes[0]
 
 
 @needs_simgrid
@@ -655,3 +671,85 @@ def test_analytic_tracks_leaders_in_convoy_on_a_saturated_server_link():
     engine, model = simulate(job), estimate(job)
     assert model.samples_per_sec < 0.9 * 32 / (1e8 / 1.25e9)  # below the bound
     assert model.samples_per_sec == pytest.approx(engine.samples_per_sec, rel=0.1)
+
+
+# ------------------------------------------------------------- validation
+@needs_simgrid
+def test_rank_0s_validations_add_their_time_to_a_sync_run():
+    # every 4 steps rank 0 validates and the others wait for it at the next
+    # reduction: 10 steps hold validations after steps 4 and 8 (the last
+    # step ends the run before validating, as a run's timing does)
+    profile = replace(PROFILE, validation_s=0.05)
+    bw, lat = 1e9, 1e-4
+    base = build_job(options(steps=10), gpus(2, bw, lat), profile)
+    job = build_job(options(steps=10, eval_every=4), gpus(2, bw, lat), profile)
+    assert base.eval_every is None and job.eval_every == 4
+    assert job.validation_s == 0.05 and not job.validation_pull
+    step = 32 * 0.003 + ring_allreduce_seconds(2, 1e8, bw, lat)
+    assert simulate(base).time_s == pytest.approx(10 * step, rel=1e-8)
+    assert simulate(job).time_s == pytest.approx(10 * step + 2 * 0.05, rel=1e-8)
+    # the analytic model amortises it: validation / eval_every per step
+    assert 64 / estimate(job).samples_per_sec == pytest.approx(step + 0.05 / 4)
+
+
+@needs_simgrid
+def test_validation_with_servers_pulls_the_weights_and_slows_rank_0s_group():
+    # async: rank 0 alone stops to pull the weights and validate; the
+    # others keep pushing, so the run loses less than sync would
+    profile = replace(TINY, validation_s=0.02)
+    common = dict(mode="async", servers=1, steps=200, sample_ms=1.0)
+    cluster = gpus(4, 1e9, 1e-5)
+    base = build_job(options(**common), cluster, profile)
+    job = build_job(options(**common, eval_every=5), cluster, profile)
+    assert job.validation_pull
+    slow, fast = simulate(job), simulate(base)
+    # 200 updates, one validation per 5: 40 of 20 ms on rank 0 alone
+    lost = slow.time_s - fast.time_s
+    assert 0 < lost < 40 * 0.02
+    model = estimate(job).samples_per_sec
+    assert model == pytest.approx(slow.samples_per_sec, rel=0.05)
+    assert estimate(base).samples_per_sec > model
+
+
+def test_a_node_types_speed_scales_validation_and_a_slowdown_does_not():
+    profile = replace(PROFILE, validation_s=0.3)
+    fast = NodeType(name="f", count=1, devices=2, speed=3.0)
+    cluster = ClusterSpec(
+        name="t", node_types=(fast,), intra_node=LinkSpec(1e9, 1e-5),
+        inter_node=LinkSpec(1e9, 1e-5), servers=ServerPlacement(("f",), 1),
+    )  # fmt: skip
+    job = build_job(options(eval_every=5, slowdown="0:4"), cluster, profile)
+    assert job.validation_s == pytest.approx(0.1)
+
+
+def test_profile_validation_fields_are_checked(tmp_path):
+    path = save_profile(replace(PROFILE, validation_s=0.01, validation_samples=360),
+                        tmp_path / "p.json")  # fmt: skip
+    assert load_profile(path).validation_s == 0.01
+    data = json.loads(path.read_text())
+    for key, bad, message in (
+        ("validation_s", -1, "validation_s must be >= 0"),
+        ("validation_samples", 1.5, "validation_samples must be an integer"),
+    ):
+        broken = dict(data, **{key: bad})
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=message):
+            load_profile(path)
+
+
+def test_profile_with_data_times_the_runs_own_validation(tmp_path):
+    from hybridagg.cli import main
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "digits.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    out = tmp_path / "mlp.json"
+    argv = ["profile", "--model", "mlp", "--data", str(data), "--batch-size", "16",
+            "--reps", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    profile = load_profile(out)
+    assert profile.validation_s > 0
+    import h5py
+
+    with h5py.File(data) as f:
+        assert profile.validation_samples == len(f["val"]["labels"])

@@ -43,6 +43,13 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   shared cores, the groups' core-seconds there per second (compute that
   executes, copies, server updates) may not exceed its cores: every group
   waits what keeps them within.
+* **validation**: rank 0 validates every ``--eval-every`` updates
+  (``SimJob.validation_s``, with servers after pulling the weights, one
+  server's part after another). In sync the whole step waits for it:
+  ``validation / eval_every`` more per step. Otherwise rank 0's group
+  spends the share ``f = updates per second x validation / eval_every`` of
+  its time validating, so its cycle is ``cycle / (1 - f)``, and the updates
+  per second include that cycle (a fixed point).
 
 Not modelled (the simulator's business): contention between groups on a
 shared link, between hierarchical stages on a leader's link, ``--overlap``,
@@ -62,6 +69,7 @@ __all__ = [
     "group_step_seconds",
     "hierarchical_step_seconds",
     "link_between",
+    "validation_seconds",
 ]
 
 
@@ -411,8 +419,61 @@ def _updates_per_sec(job: SimJob, phase: Estimate) -> float:
     return sum(1.0 / c for c in phase.group_cycle_s)
 
 
+def validation_seconds(job: SimJob) -> float:
+    """One of rank 0's validations: the pull of the weights (with servers,
+    each server's part after another) and the evaluation itself."""
+    seconds = job.validation_s
+    if job.validation_pull and job.servers:
+        part = job.master_bytes / len(job.servers)
+        mine = job.workers[0]["node"]
+        for server in job.servers:
+            if server["node"] == mine and job.nodes[mine]["shared"]:
+                bw, lat = _server_copy(job, mine)
+            else:
+                bw, lat, _ = link_between(job, server["node"], mine)
+            seconds += lat + part / bw
+    return seconds
+
+
+def _with_validation(job: SimJob, trained: Estimate) -> Estimate:
+    """``trained`` (the steady state without validation) with rank 0's
+    validations every ``eval_every`` updates (see the module)."""
+    if not job.eval_every or job.validation_s <= 0:
+        return trained
+    each = validation_seconds(job) / job.eval_every  # per update
+    samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
+    cycles = trained.group_cycle_s
+    if job.mode == "sync" or not job.servers:
+        step = max(cycles) + each  # every group waits for rank 0
+        total = trained.samples_per_sec * max(cycles)  # samples of a step
+        return Estimate(
+            total / step,
+            trained.ideal_samples_per_sec,
+            tuple(step for _ in cycles),
+            trained.server_wait_s,
+        )
+    mine = next(i for i, g in enumerate(job.groups) if 0 in g)
+    slowed = list(cycles)
+    for _ in range(100):  # f grows with the updates per second it lowers
+        per_second = sum(1.0 / c for c in slowed)
+        share = min(0.95, per_second * each)
+        new = cycles[mine] / (1.0 - share)
+        if abs(new - slowed[mine]) <= 1e-12 * new:
+            break
+        slowed[mine] = new
+    rate = sum(s / c for s, c in zip(samples, slowed, strict=True))
+    return Estimate(
+        rate, trained.ideal_samples_per_sec, tuple(slowed), trained.server_wait_s
+    )
+
+
 def _steady(job: SimJob) -> Estimate:
-    """The prediction at one slowdown level held throughout."""
+    """The prediction at one slowdown level held throughout, validations included."""
+    return _with_validation(job, _steady_training(job))
+
+
+def _steady_training(job: SimJob) -> Estimate:
+    """The prediction at one slowdown level held throughout (no validation)."""
     ideal = job.ideal_samples_per_sec()
     samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
     if job.hierarchical:

@@ -49,6 +49,10 @@ leaders' ring, a chain broadcast, each stage an actor per rank so that the
 stages of different buckets overlap (with one bucket the worker runs them
 in turn itself).
 The broadcast is a pipelined chain: one flow of the full weights per link.
+Rank 0 validates every ``--eval-every`` updates, as a run does (the
+profile's ``validation_s``; with servers after pulling the weights): a run's
+wall time, and so its samples per second, includes it; in sync every rank
+waits for it at the next reduction, in hybrid its group at the next barrier.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class _Sim:
         self.state = _State()
         self._latency: dict[tuple[int, int], float] = {}
         self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
+        self._eval_bucket = 0  # rank 0's last validation, as eval_every buckets
         self._build_platform()
 
     # ------------------------------------------------------------- platform
@@ -345,6 +350,8 @@ class _Sim:
                     and steps_done * step_samples >= job.target_samples
                 ):
                     return
+                if rank == 0:  # the others wait for it at the next reduction
+                    self._validate(host)
                 continue
             if n > 1:
                 barrier.wait()
@@ -364,6 +371,26 @@ class _Sim:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
             if stop:
                 return
+            if rank == 0:  # its group waits for it at the next barrier
+                self._validate(host)
+
+    def _validate(self, host) -> None:
+        """Rank 0 validates once an ``--eval-every`` boundary of the updates
+        has been crossed since its last validation (the run's rule,
+        :class:`hybridagg.train.worker.validation.Validation`): with servers,
+        it first pulls the weights from every server, then it evaluates."""
+        job, st = self.job, self.state
+        if not job.eval_every or job.validation_s <= 0:
+            return
+        bucket = st.version // job.eval_every
+        if bucket <= self._eval_bucket:
+            return
+        self._eval_bucket = bucket
+        if job.validation_pull:
+            part = job.master_bytes / len(self.server_host)
+            for server in self.server_host:  # each server's part of the weights
+                self.transfer(server, host, part, server=True)
+        self.sg.this_actor.sleep_for(job.validation_s)
 
     # ----------------------------------------------------- the reduction
     def ring(self, group: int, position: int) -> None:

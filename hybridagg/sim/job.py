@@ -128,6 +128,9 @@ class SimJob:
     hierarchical: bool = False
     accumulate: int = 1
     server_bank: bool = False
+    eval_every: int | None = None
+    validation_s: float = 0.0
+    validation_pull: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -304,12 +307,15 @@ def build_job(
                     "memcpy_Bps": link.bandwidth,
                 }
             )
-            if t.shared_cores and profile.server.transfer_Bps > 0:
+            fit = profile.server
+            if t.shared_cores and (fit.transfer_Bps > 0 or fit.transfer_latency_s > 0):
                 # this machine's memory, calibrated on bench/ps.py: a
-                # leader's transfer to a server on the node
+                # leader's transfer to a server on the node (a fit whose
+                # round trips did not grow with the bytes measured only the
+                # latency: the bytes then move at the node's copy bandwidth)
                 nodes[-1]["server_link"] = {
-                    "bandwidth": profile.server.transfer_Bps,
-                    "latency": profile.server.transfer_latency_s,
+                    "bandwidth": fit.transfer_Bps or link.bandwidth,
+                    "latency": fit.transfer_latency_s,
                 }
             for d in range(t.devices):
                 workers.append(
@@ -360,6 +366,7 @@ def build_job(
         "buckets": [list(b) for b in profile.buckets] or [[1.0, 1.0]],
         "steps": options.steps,
         "accumulate": int(getattr(options, "accumulate", 1)),
+        "eval_every": getattr(options, "eval_every", None),
     }
     probe = SimJob(**job_args)
     speeds = [1.0 / probe.compute_seconds(r, 1) for r in range(num_workers)]
@@ -392,6 +399,10 @@ def build_job(
         for n in _server_nodes(cluster, node_index, num_servers)
     ]
     job_args["server_bank"] = bank_servers(nodes, job_args["servers"], len(groups))
+    job_args["validation_s"] = _validation_seconds(
+        profile, profiles, node_index[workers[0]["node"]][1]
+    )
+    job_args["validation_pull"] = options.mode != "sync" and num_servers > 0
     if options.adaptive_batch:
         for rank, b in enumerate(_adaptive_batches(options, groups, speeds)):
             workers[rank]["batch"] = b
@@ -445,6 +456,19 @@ def bank_servers(
         and nodes[s["node"]]["intra"] == first["intra"]
         for s in servers
     )
+
+
+def _validation_seconds(
+    profile: Profile, profiles: dict[str, Profile], node_type: NodeType
+) -> float:
+    """One validation on rank 0's node type: its own profile's, or the
+    model's at the type's speed (the speed relative to the profiled device).
+
+    A ``--slowdown`` does not stretch it: the emulation paces training
+    steps, and validation runs at the machine's real speed."""
+    if node_type.profile is not None:
+        return profiles[node_type.profile].validation_s
+    return profile.validation_s / node_type.speed
 
 
 def _check_profiled_as(options: JobOptions, profile: Profile) -> None:

@@ -16,6 +16,10 @@ Every figure is in seconds, bytes or bytes per second:
   (calibrated: also a leader's transfer to it, latency and bandwidth, and
   its measured capacity);
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
+* ``validation_s``: one validation as ``hybridagg train`` runs it on rank 0
+  every ``--eval-every`` updates (the data file's validation split, on the
+  profiled device), which a run's wall time includes; 0 when the profile
+  had no data file;
 * ``machine``: the profiled machine (cores, one core's memory-copy
   bandwidth, the device and ``--amp`` precision the compute was timed in),
   which is also the default cluster of ``hybridagg simulate``.
@@ -147,6 +151,12 @@ class Profile:
     """the batch the compute was measured at"""
     allreduce_by_ranks: tuple[AllreduceFit, ...] = ()
     """all-reduce fits per group size, calibrated on ``bench/allreduce.py``"""
+    validation_s: float = 0.0
+    """seconds of one validation of the data file's validation split on the
+    profiled device (``hybridagg train`` runs one on rank 0 every
+    ``--eval-every`` updates); 0: not measured"""
+    validation_samples: int = 0
+    """the samples that validation went over"""
 
     def allreduce_for(self, ranks: int) -> AllreduceFit | None:
         """The all-reduce fit measured at the group size nearest ``ranks``
@@ -367,6 +377,11 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
     batch = data.get("batch", 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"{where}batch must be an integer >= 0, got {batch!r}")
+    vsamples = data.get("validation_samples", 0)
+    if isinstance(vsamples, bool) or not isinstance(vsamples, int) or vsamples < 0:
+        raise ValueError(
+            f"{where}validation_samples must be an integer >= 0, got {vsamples!r}"
+        )
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         raise ValueError(f"{where}notes must be a mapping")
@@ -399,6 +414,10 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         buckets=tuple(buckets),
         batch=batch,
         allreduce_by_ranks=tuple(fits),
+        validation_s=_check(
+            where, "validation_s", data.get("validation_s", 0.0), zero=True
+        ),
+        validation_samples=vsamples,
         notes=notes,
     )
 

@@ -27,6 +27,10 @@ phase, then every rank for the all-reduce), written as a
   over shards of several sizes on the CPU, fitted to
   ``seconds = per_update + bytes x per_byte`` (least squares);
 * one core's memory-copy bandwidth (``torch`` copy of 64 MiB, best of reps);
+* with a data file: one validation as ``hybridagg train`` runs it on rank 0
+  every ``--eval-every`` updates (:class:`~hybridagg.train.evaluate.Evaluator`
+  over the file's validation split, on the profiled device; median of
+  reps), which a run's wall time and its samples per second include;
 * with more than one rank (``mpiexec -n N hybridagg profile``): the group
   all-reduce (:class:`hybridagg.collectives.Collectives`, the slowest rank's
   time, median over reps) at several sizes, fitted to
@@ -61,6 +65,7 @@ __all__ = [
     "measure_compute",
     "measure_memcpy",
     "measure_server",
+    "measure_validation",
     "profile_model",
 ]
 
@@ -290,6 +295,41 @@ def measure_server(
     return per_update, per_byte, points
 
 
+def measure_validation(
+    model: nn.Module,
+    data: str,
+    reps: int,
+    *,
+    loss: str = "cross-entropy",
+    device: str = "cpu",
+    synchronize: bool = False,
+) -> tuple[float, int]:
+    """Seconds of one validation of ``model`` on ``data`` and the samples it saw.
+
+    The run's own :class:`~hybridagg.train.evaluate.Evaluator` (its batches,
+    its normalisation, its split), as rank 0 runs it every ``--eval-every``
+    updates; median of ``reps`` after a warm-up.
+    """
+    from ..data.format import inspect_split, open_file
+    from .config import DataOptions
+    from .evaluate import Evaluator
+
+    evaluator = Evaluator(
+        DataOptions(data=data), model, torch.device(device), loss=loss
+    )
+    try:
+        seconds = _timed(
+            lambda: evaluator.evaluate(model),
+            reps,
+            (lambda: torch.cuda.synchronize(device)) if synchronize else None,
+        )
+    finally:
+        evaluator.close()
+    with open_file(data) as f:
+        samples = inspect_split(f, evaluator.split, path=data).length
+    return seconds, int(samples)
+
+
 def measure_allreduce(
     comm, sizes: Sequence[int], reps: int
 ) -> tuple[float, float, list[tuple[float, float]]]:
@@ -333,6 +373,8 @@ def profile_model(
     synchronize: bool = False,
     amp: str = "none",
     server_sizes: Sequence[int] = SERVER_SIZES,
+    data: str | None = None,
+    loss: str = "cross-entropy",
 ) -> Profile:
     """Measure everything but the all-reduce (see the module), in this process.
 
@@ -347,6 +389,9 @@ def profile_model(
         synchronize: Synchronise CUDA before each reading of the clock.
         amp: ``--amp`` of the timed forward.
         server_sizes: Elements of the shards a server's update is timed on.
+        data: The data file whose validation split a run validates on
+            (``None``: validation is not measured).
+        loss: ``--loss`` (validation's).
 
     Raises:
         ValueError: ``amp`` fp16 off CUDA.
@@ -362,6 +407,13 @@ def profile_model(
     )
     per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
     memcpy = measure_memcpy(reps)
+    validation_s, validation_samples = (
+        measure_validation(
+            model, data, reps, loss=loss, device=device, synchronize=synchronize
+        )
+        if data is not None
+        else (0.0, 0)
+    )
     params = sum(p.numel() for p in model.parameters())
     return Profile(
         model=name,
@@ -383,6 +435,8 @@ def profile_model(
         layers=measured["layers"],
         buckets=measured["buckets"],
         batch=batch,
+        validation_s=validation_s,
+        validation_samples=validation_samples,
         notes={
             "layers": "measured totals apportioned by each layer's FLOPs "
             "(backward twice forward)",

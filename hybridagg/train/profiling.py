@@ -115,6 +115,8 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
         device=device,
         synchronize=synchronize,
         amp=cfg.amp,
+        data=cfg.data,
+        loss=cfg.loss,
     )
     inputs = cfg.calibration()
     # fitted on the microbenchmarks only (never on training runs): the
