@@ -15,8 +15,10 @@ candidate's nodes, resolves the candidate as ``hybridagg train``'s options
 into a :class:`~.job.SimJob` (:func:`~.job.build_job`: the simulator's own
 reading), and predicts it with :func:`~.analytic.estimate`; the cost per
 hour is the price of the nodes it uses (worker nodes, and nodes that only
-hold servers). Scores are cached: the searchers ask for the same
-candidate many times.
+hold servers); with a convergence table (:mod:`.convergence`), its
+predicted time to the target accuracy from the same estimate's group
+cycles. Scores are cached: the searchers ask for the same candidate many
+times.
 
 Memory: a candidate whose device would need more than its node type's
 ``memory`` is dropped (it does not fit; :attr:`CostModel.memory_dropped`
