@@ -24,8 +24,14 @@ The JSON holds the runs (``records``) and, under ``points``, the table that
 ``hybridagg plan --convergence FILE`` reads (hybridagg/sim/convergence.py):
 per cell ``batch``, ``staleness`` (the median of the seeds' measured mean
 staleness) and ``updates`` (the median updates to the target; a seed that
-missed it counts as ``--steps + 1``, so such a median is a lower bound and
-the cell says how many ``missed``).
+missed it counts as the updates it made plus one, so such a median is a
+lower bound and the cell says how many ``missed``).
+
+Cells that missed can be measured again with a longer ``--steps`` (every
+run trains to the end: the cost is steps, not the target) and merged:
+``--from-json A.json B.json --json C.json`` rebuilds the table from their
+records, a cell of a later file replacing the same (B, workers) cell of an
+earlier one.
 """
 
 from __future__ import annotations
@@ -77,14 +83,28 @@ def run_cell(
     runs = json.loads(out.read_text())
     for r in runs:
         r["cell_batch"], r["cell_workers"] = batch, workers
+        r["cell_steps"] = args.steps
     return runs
+
+
+def merge(files: list[list[dict]]) -> list[dict]:
+    """Records of several runs of this script: a (B, workers) cell of a later
+    file replaces the same cell of an earlier one."""
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for records in files:
+        mine: dict[tuple[int, int], list[dict]] = {}
+        for r in records:
+            mine.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
+        cells.update(mine)
+    return [r for runs in cells.values() for r in runs]
 
 
 def points(records: list[dict], steps: int) -> list[dict]:
     """One table point per (B, workers): median staleness and updates to the target.
 
-    A seed that never reached the target counts as ``steps + 1`` updates (it
-    needed more than it was given): the median is then a lower bound, and
+    A seed that never reached the target counts as the updates it made plus
+    one (its summary's ``steps``; else its cell's, else ``steps``): it
+    needed more than it was given, so the median is then a lower bound, and
     ``missed`` says how many seeds it holds.
     """
     cells: dict[tuple[int, int], list[dict]] = {}
@@ -95,7 +115,7 @@ def points(records: list[dict], steps: int) -> list[dict]:
         u = [
             int(r["updates_to_target"])
             if r.get("updates_to_target") is not None
-            else steps + 1
+            else int(r.get("steps") or r.get("cell_steps") or steps) + 1
             for r in runs
         ]
         tau = [float(r.get("mean_staleness") or 0.0) for r in runs]
@@ -156,25 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-accuracy", type=float, default=0.9)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json")
+    p.add_argument(
+        "--from-json",
+        nargs="+",
+        help="rebuild the table from these --json files (later cells replace earlier)",
+    )
     args = p.parse_args(argv)
     batches = _ints(args.batches, "--batches")
     workers = _ints(args.workers, "--workers")
-    from hybridagg.data import digits_file
-
-    digits_file(args.data)
-    records: list[dict] = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    with tempfile.TemporaryDirectory() as tmp:
-        for w in workers:
-            for b in batches:
-                got = run_cell(b, w, args, Path(tmp))
-                records += got
-                print(
-                    f"# B {b:>4} workers {w}: updates to target "
-                    f"{[r.get('updates_to_target') for r in got]} staleness "
-                    f"{[round(r.get('mean_staleness') or 0.0, 2) for r in got]}",
-                    flush=True,
-                )
+    if args.from_json:
+        loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
+        records = merge([d["records"] for d in loaded])
+        started = ", ".join(str(d.get("started")) for d in loaded)
+        args.steps = max(int(d.get("steps") or args.steps) for d in loaded)
+        for key in ("model", "data", "target_accuracy", "lr", "base_batch"):
+            if loaded[0].get(key) is not None:  # what the runs were, not the flags
+                setattr(args, key, loaded[0][key])
+    else:
+        records = measure(batches, workers, args)
     table = points(records, args.steps)
     print(markdown(table, args.target_accuracy))
     if args.json:
@@ -191,11 +211,41 @@ def main(argv: list[str] | None = None) -> int:
             "base_batch": args.base_batch,
             "steps": args.steps,
         }
+        if args.from_json:
+            meta["sources"] = [
+                {k: d.get(k) for k in ("command", "started", "finished", "steps")}
+                for d in loaded
+            ]
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        # the runs' accuracy curves (one point per update) would make the
+        # file megabytes: the table needs the updates to the target alone
+        kept = [{k: v for k, v in r.items() if k != "accuracy_curve"} for r in records]
         Path(args.json).write_text(
-            json.dumps({**meta, "points": table, "records": records}, indent=1)
+            json.dumps({**meta, "points": table, "records": kept}, indent=1)
         )
     return 0
+
+
+def measure(
+    batches: list[int], workers: list[int], args: argparse.Namespace
+) -> list[dict]:
+    """Train every (B, workers) cell; the runs' summaries."""
+    from hybridagg.data import digits_file
+
+    digits_file(args.data)
+    records: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workers:
+            for b in batches:
+                got = run_cell(b, w, args, Path(tmp))
+                records += got
+                print(
+                    f"# B {b:>4} workers {w}: updates to target "
+                    f"{[r.get('updates_to_target') for r in got]} staleness "
+                    f"{[round(r.get('mean_staleness') or 0.0, 2) for r in got]}",
+                    flush=True,
+                )
+    return records
 
 
 if __name__ == "__main__":

@@ -404,6 +404,13 @@ def test_convergence_cells_and_their_table(convergence, tmp_path):
     # the missed seed counts as steps + 1: the median is a lower bound
     assert four["updates"] == 130 and four["missed"] == 1
     assert four["staleness"] == 3.0 and four["updates_range"] == [120, 401]
+    # a later file's cell replaces the earlier one's; a missed seed counts
+    # as the updates it made plus one
+    again = [rec(16, 4, 150, 3.0), rec(16, 4, None, 3.0) | {"steps": 1502}]
+    merged = convergence.merge([records, again])
+    assert len(merged) == 5
+    redone = convergence.points(merged, steps=1500)[1]
+    assert redone["updates_range"] == [150, 1503] and redone["missed"] == 1
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"points": points, "records": records}))
     table = load_convergence(path)
