@@ -30,8 +30,8 @@ lower bound and the cell says how many ``missed``).
 Cells that missed can be measured again with a longer ``--steps`` (every
 run trains to the end: the cost is steps, not the target) and merged:
 ``--from-json A.json B.json --json C.json`` rebuilds the table from their
-records, a cell of a later file replacing the same (B, workers) cell of an
-earlier one.
+records, a run of a later file replacing the same (B, workers, seed) run of
+an earlier one; more seeds (``--first-seed 3``) add to a cell.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def run_cell(
     out = tmp / f"b{batch}-w{workers}.json"
     cmd = [
         sys.executable, str(HERE.parent / "hetero.py"), "--inner",
-        "--seeds", ",".join(str(s) for s in range(args.seeds)),
+        "--seeds", ",".join(str(args.first_seed + s) for s in range(args.seeds)),
         "--out", str(out), "--", *train_args(batch, workers, args),
     ]  # fmt: skip
     ranks = 1 if workers == 1 else workers + 1
@@ -88,15 +88,13 @@ def run_cell(
 
 
 def merge(files: list[list[dict]]) -> list[dict]:
-    """Records of several runs of this script: a (B, workers) cell of a later
-    file replaces the same cell of an earlier one."""
-    cells: dict[tuple[int, int], list[dict]] = {}
+    """Records of several runs of this script: a (B, workers, seed) run of a
+    later file replaces the same run of an earlier one; other seeds add."""
+    runs: dict[tuple[int, int, int], dict] = {}
     for records in files:
-        mine: dict[tuple[int, int], list[dict]] = {}
         for r in records:
-            mine.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
-        cells.update(mine)
-    return [r for runs in cells.values() for r in runs]
+            runs[(r["cell_batch"], r["cell_workers"], r["seed"])] = r
+    return list(runs.values())
 
 
 def points(records: list[dict], steps: int) -> list[dict]:
@@ -172,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.05, help="the rate at --base-batch")
     p.add_argument("--base-batch", type=int, default=32, help="B0 of the lr rule")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds from this one on")
     p.add_argument("--steps", type=int, default=400, help="updates each run may take")
     p.add_argument("--target-accuracy", type=float, default=0.9)
     p.add_argument("--timeout", type=float, default=1800)

@@ -392,25 +392,27 @@ def test_convergence_cells_and_their_table(convergence, tmp_path):
     assert four[:4] == ["--mode", "async", "--servers", "1"]
     assert four[four.index("--lr") + 1] == "0.2"
 
-    def rec(batch, workers, updates, tau):
-        return {"cell_batch": batch, "cell_workers": workers,
+    def rec(batch, workers, updates, tau, seed):
+        return {"cell_batch": batch, "cell_workers": workers, "seed": seed,
                 "updates_to_target": updates, "mean_staleness": tau}  # fmt: skip
 
-    records = [rec(16, 1, u, 0.0) for u in (70, 60, 66)]
-    records += [rec(16, 4, 120, 2.9), rec(16, 4, None, 3.1), rec(16, 4, 130, 3.0)]
+    records = [rec(16, 1, u, 0.0, s) for s, u in enumerate((70, 60, 66))]
+    records += [rec(16, 4, 120, 2.9, 0), rec(16, 4, None, 3.1, 1),
+                rec(16, 4, 130, 3.0, 2)]  # fmt: skip
     points = convergence.points(records, steps=400)
     assert points[0]["updates"] == 66 and points[0]["staleness"] == 0
     four = points[1]
     # the missed seed counts as steps + 1: the median is a lower bound
     assert four["updates"] == 130 and four["missed"] == 1
     assert four["staleness"] == 3.0 and four["updates_range"] == [120, 401]
-    # a later file's cell replaces the earlier one's; a missed seed counts
-    # as the updates it made plus one
-    again = [rec(16, 4, 150, 3.0), rec(16, 4, None, 3.0) | {"steps": 1502}]
+    # a later file's run of a seed replaces the earlier one's, a new seed
+    # adds; a missed seed counts as the updates it made plus one
+    again = [rec(16, 4, 150, 3.0, 1), rec(16, 4, None, 3.0, 3) | {"steps": 1502}]
     merged = convergence.merge([records, again])
-    assert len(merged) == 5
+    assert len(merged) == 7
     redone = convergence.points(merged, steps=1500)[1]
-    assert redone["updates_range"] == [150, 1503] and redone["missed"] == 1
+    assert redone["updates_range"] == [120, 1503] and redone["missed"] == 1
+    assert redone["seeds"] == 4 and redone["updates"] == 140
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"points": points, "records": records}))
     table = load_convergence(path)
