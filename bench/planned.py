@@ -13,7 +13,10 @@ with ``--sample-ms``), per emulated cluster (``--clusters``):
   0-1:1,2-4:2,5-7:4 --sample-ms 2``, bench/planner.py's emulated space);
 
 it runs ``hybridagg plan -n W --slowdown S --sample-ms MS --objective
-throughput`` (the model profiled on the spot, or ``--profile FILE``), then
+throughput`` (the model profiled on the spot, or ``--profile FILE``; with
+``--objective time --convergence FILE``, the plan with the shortest
+predicted time to the target instead, from a ``bench/convergence.py``
+table such as bench/results/sim/convergence-digits.json), then
 trains the planned job (``hybridagg train --plan FILE`` on the plan's ranks)
 and the hand-written configurations (as bench/hetero.py writes them: sync;
 hybrid with the workers grouped by speed and one server; async with one
@@ -83,7 +86,9 @@ def plan_argv(cluster: str, args, out: Path, summary: Path) -> list[str]:
     """``hybridagg plan``'s options for a cluster's emulation."""
     workers, slowdown, sample_ms, _groups = CLUSTERS[cluster]
     argv = ["plan", "-n", str(workers), "--slowdown", slowdown]
-    argv += ["--sample-ms", f"{sample_ms:g}", "--objective", "throughput"]
+    argv += ["--sample-ms", f"{sample_ms:g}", "--objective", args.objective]
+    if args.convergence:
+        argv += ["--convergence", args.convergence]
     argv += ["--batch-size", str(args.batch_size)]
     if args.profile:
         argv += ["--profile", args.profile]
@@ -204,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="runs/digits.h5")
     p.add_argument("--model", default="mlp")
     p.add_argument("--profile", help="a profile for hybridagg plan (default: --model)")
+    p.add_argument(
+        "--objective",
+        default="throughput",
+        choices=("throughput", "time"),
+        help="hybridagg plan's objective (time needs --convergence)",
+    )
+    p.add_argument(
+        "--convergence",
+        help="with --objective time: a convergence table (bench/convergence.py --json)",
+    )
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)
@@ -214,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md")
     p.add_argument("--from-json", nargs="+", help="rebuild the table from --json files")
     args = p.parse_args(argv)
+    if (args.objective == "time") != (args.convergence is not None):
+        raise SystemExit("--objective time and --convergence FILE go together")
     if args.from_json:
         records: list[dict] = []
         plans: list[dict] = []

@@ -796,11 +796,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         ("ideal samples/s", f"{p.ideal_samples_per_sec:.1f}"),
         ("sync all-reduce (best)", "-" if p.sync_samples_per_sec is None
          else f"{p.sync_samples_per_sec:.1f} samples/s, "
-         f"{p.sync_cost_per_hour:g} per hour"),
+         f"{p.sync_cost_per_hour:g} per hour"
+         + ("" if p.sync_time_to_target_s is None
+            else f", {p.sync_time_to_target_s:.1f} s to the target")),
         ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
         ("cost per hour", f"{p.cost_per_hour:g}"),
         ("train flags", _shorten(" ".join(p.train_args()))),
     ]  # fmt: skip
+    if p.predicted_time_to_target_s is not None:
+        at = [k for k, _ in rows].index("ideal samples/s")
+        rows.insert(at, ("predicted time to target",
+                         f"{p.predicted_time_to_target_s:.1f} s "
+                         f"(convergence table {cfg.convergence})"))  # fmt: skip
     if p.workers <= 64:
         rows.insert(4, ("groups", json.dumps(p.groups)))
     width = max(len(k) for k, _ in rows)

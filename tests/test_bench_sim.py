@@ -1,4 +1,5 @@
-"""The issue-21 benchmarks: bench/simcheck.py, bench/simscale.py, bench/planned.py.
+"""The issue-21 benchmarks: bench/simcheck.py, bench/simscale.py, bench/planned.py,
+bench/convergence.py.
 
 Their arithmetic on fixed records, then each script end to end on its
 smallest settings (one cell, one seed, one epoch; a few simulated steps).
@@ -47,6 +48,11 @@ def simscale():
 @pytest.fixture(scope="module")
 def planned():
     return load("planned")
+
+
+@pytest.fixture(scope="module")
+def convergence():
+    return load("convergence")
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +333,8 @@ def test_planned_configurations_match_the_clusters(planned, tmp_path):
 
     args = argparse.Namespace(
         data="d.h5", model="mlp", epochs=6, lr=0.05, batch_size=32,
-        target_accuracy=0.9, eval_every=5, profile=None,
+        target_accuracy=0.9, eval_every=5, profile=None, objective="throughput",
+        convergence=None,
     )  # fmt: skip
     common = planned.common_args("uneven-8", args)
     assert common[common.index("--slowdown") + 1] == "0-1:1,2-4:2,5-7:4"
@@ -336,8 +343,16 @@ def test_planned_configurations_match_the_clusters(planned, tmp_path):
     for flag, value in (("-n", "4"), ("--slowdown", "0-1:1,2-3:4"),
                         ("--objective", "throughput"), ("--model", "mlp")):  # fmt: skip
         assert argv[argv.index(flag) + 1] == value
+    assert "--convergence" not in argv
+    args.objective, args.convergence = "time", "c.json"
+    argv = planned.plan_argv("headline-4x", args, tmp_path / "p", tmp_path / "j")
+    assert argv[argv.index("--objective") + 1] == "time"
+    assert argv[argv.index("--convergence") + 1] == "c.json"
     with pytest.raises(SystemExit, match="unknown --configs"):
         planned.main(["--configs", "planned,ddp"])
+    for half in (["--objective", "time"], ["--convergence", "c.json"]):
+        with pytest.raises(SystemExit, match="go together"):
+            planned.main(half)
 
 
 @needs_simgrid
@@ -357,3 +372,48 @@ def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
     capsys.readouterr()
     assert planned.main(["--from-json", str(out)]) == 0
     assert "| headline-4x | sync |" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------ convergence
+def test_convergence_cells_and_their_table(convergence, tmp_path):
+    import argparse
+
+    from hybridagg.sim.convergence import load_convergence
+
+    args = argparse.Namespace(
+        data="d.h5", model="mlp", lr=0.05, base_batch=32, steps=400,
+        target_accuracy=0.9,
+    )  # fmt: skip
+    one = convergence.train_args(16, 1, args)
+    assert one[:2] == ["--mode", "sync"] and "--servers" not in one
+    assert one[one.index("--lr") + 1] == "0.025"  # lr x B / B0
+    assert one[one.index("--eval-every") + 1] == "1"
+    four = convergence.train_args(128, 4, args)
+    assert four[:4] == ["--mode", "async", "--servers", "1"]
+    assert four[four.index("--lr") + 1] == "0.2"
+
+    def rec(batch, workers, updates, tau, seed):
+        return {"cell_batch": batch, "cell_workers": workers, "seed": seed,
+                "updates_to_target": updates, "mean_staleness": tau}  # fmt: skip
+
+    records = [rec(16, 1, u, 0.0, s) for s, u in enumerate((70, 60, 66))]
+    records += [rec(16, 4, 120, 2.9, 0), rec(16, 4, None, 3.1, 1),
+                rec(16, 4, 130, 3.0, 2)]  # fmt: skip
+    points = convergence.points(records, steps=400)
+    assert points[0]["updates"] == 66 and points[0]["staleness"] == 0
+    four = points[1]
+    # the missed seed counts as steps + 1: the median is a lower bound
+    assert four["updates"] == 130 and four["missed"] == 1
+    assert four["staleness"] == 3.0 and four["updates_range"] == [120, 401]
+    # a later file's run of a seed replaces the earlier one's, a new seed
+    # adds; a missed seed counts as the updates it made plus one
+    again = [rec(16, 4, 150, 3.0, 1), rec(16, 4, None, 3.0, 3) | {"steps": 1502}]
+    merged = convergence.merge([records, again])
+    assert len(merged) == 7
+    redone = convergence.points(merged, steps=1500)[1]
+    assert redone["updates_range"] == [120, 1503] and redone["missed"] == 1
+    assert redone["seeds"] == 4 and redone["updates"] == 140
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"points": points, "records": records}))
+    table = load_convergence(path)
+    assert table.updates_to_target(16, 1.5) == pytest.approx(66 + (130 - 66) / 2)

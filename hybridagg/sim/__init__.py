@@ -12,7 +12,9 @@
   closed form), :mod:`.space` (candidates, the search space, the cost
   model), :mod:`.search` (objectives, the exact searcher), :mod:`.policy`
   (the REINFORCE searcher, torch), :mod:`.planner` (search and confirm),
-  :mod:`.planfile` (the plan file ``hybridagg train --plan`` reads).
+  :mod:`.planfile` (the plan file ``hybridagg train --plan`` reads),
+  :mod:`.convergence` (updates to the target per samples per update and
+  staleness: ``--objective time``).
 
 Pure logic apart from :mod:`.engine`, which needs SimGrid (``make simgrid``;
 :mod:`._simgrid` loads its extension alone).
@@ -21,6 +23,7 @@ Pure logic apart from :mod:`.engine`, which needs SimGrid (``make simgrid``;
 from .analytic import Estimate, estimate
 from .calibrate import calibrate
 from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement, load_cluster
+from .convergence import ConvergenceTable, load_convergence
 from .job import SimJob, build_job, machine_cluster, ring_allreduce_seconds
 from .planfile import Plan, load_plan
 from .profile import Profile, load_profile, save_profile
@@ -31,6 +34,7 @@ from .space import Candidate, CostModel, Space
 __all__ = [
     "Candidate",
     "ClusterSpec",
+    "ConvergenceTable",
     "CostModel",
     "Estimate",
     "LinkSpec",
@@ -47,6 +51,7 @@ __all__ = [
     "estimate",
     "exact_search",
     "load_cluster",
+    "load_convergence",
     "load_plan",
     "load_profile",
     "machine_cluster",

@@ -8,7 +8,9 @@ when ``adaptive_batch``), ``predicted_samples_per_sec``,
 and servers: ``mpiexec -n``), ``nodes`` used per node type, ``train_args``
 (the same choice as ``hybridagg train`` flags), ``sync_samples_per_sec``
 (the best synchronous all-reduce configuration, for comparison) and, when
-the simulator confirmed it, ``simulated_samples_per_sec``.
+the simulator confirmed it, ``simulated_samples_per_sec``; under
+``--objective time``, ``predicted_time_to_target_s`` (and the best sync
+configuration's, ``sync_time_to_target_s``).
 
 It also records what the prediction was scored under, so that a run can
 be held to it: ``wire``, ``slowdown``, ``sample_ms`` and ``optimizer``
@@ -130,6 +132,10 @@ class Plan:
     sync_samples_per_sec: float | None = None
     """the best synchronous all-reduce configuration's prediction, for comparison"""
     sync_cost_per_hour: float | None = None
+    predicted_time_to_target_s: float | None = None
+    """seconds to the target accuracy the convergence table predicts (``None``:
+    planned without one)"""
+    sync_time_to_target_s: float | None = None
     simulated_samples_per_sec: float | None = None
     evaluated: int = 0
     memory_dropped: int = 0
@@ -219,6 +225,7 @@ def make_plan(
         predicted_samples_per_sec=score.samples_per_sec,
         ideal_samples_per_sec=score.ideal_samples_per_sec,
         cost_per_hour=score.cost_per_hour,
+        predicted_time_to_target_s=score.time_to_target_s,
         wire=model.wire,
         slowdown=model.slowdown,
         sample_ms=float(model.sample_ms),

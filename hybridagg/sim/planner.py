@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from .cluster import load_cluster
+from .convergence import load_convergence
 from .job import machine_cluster
 from .planfile import Plan, make_plan
 from .policy import reinforce_search
@@ -59,6 +60,7 @@ class PlanRequest(Protocol):
     wire: str
     objective: str
     min_samples_per_sec: float | None
+    convergence: str | None
     searcher: str
     seed: int
     rounds: int
@@ -67,7 +69,12 @@ class PlanRequest(Protocol):
 
 
 def make_model(options: PlanRequest, profile: Profile) -> CostModel:
-    """The cost model of the options' cluster (or this machine's emulation)."""
+    """The cost model of the options' cluster (or this machine's emulation),
+    with the options' convergence table when they name one.
+
+    Raises:
+        ValueError: A bad cluster or convergence file.
+    """
     if options.cluster is not None:
         cluster = load_cluster(options.cluster)
     else:
@@ -83,6 +90,11 @@ def make_model(options: PlanRequest, profile: Profile) -> CostModel:
         wire=options.wire,
         # the optimizer the profile's server times were measured with
         optimizer=profile.notes.get("optimizer"),
+        convergence=(
+            None
+            if options.convergence is None
+            else load_convergence(options.convergence)
+        ),
     )
 
 
@@ -194,6 +206,7 @@ def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, st
         chosen,
         sync_samples_per_sec=None if sync is None else sync[1].samples_per_sec,
         sync_cost_per_hour=None if sync is None else sync[1].cost_per_hour,
+        sync_time_to_target_s=None if sync is None else sync[1].time_to_target_s,
         memory_dropped=result.memory_dropped,
     )
     note = ""
@@ -220,10 +233,15 @@ def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, st
 def gap(objective: Objective, exact: Score, found: Score | None) -> float:
     """How much worse ``found`` is than ``exact`` (0: as good; ``inf``: it
     found nothing, or nothing that meets the rate): the cost over exact's,
-    less one (``cost``), or one less the samples/s over exact's
+    less one (``cost``), the predicted time to the target over exact's, less
+    one (``time``), or one less the samples/s over exact's
     (``throughput``)."""
     if found is None:
         return float("inf")
+    if objective.kind == "time":
+        if found.time_to_target_s is None or exact.time_to_target_s is None:
+            return float("inf")
+        return found.time_to_target_s / exact.time_to_target_s - 1
     if objective.kind == "cost":
         if not objective.feasible(found):
             return float("inf")
@@ -273,6 +291,7 @@ def compare_searchers(
                 "gap": gap(objective, exact.score, rl.score),
                 "cost_per_hour": rl.score.cost_per_hour if rl.score else None,
                 "samples_per_sec": rl.score.samples_per_sec if rl.score else None,
+                "time_to_target_s": rl.score.time_to_target_s if rl.score else None,
                 "evaluated": rl.evaluated,
                 "wall_s": time.perf_counter() - start,
                 "plan": rl.best.describe() if rl.best else None,
@@ -287,6 +306,7 @@ def compare_searchers(
             "plan": exact.best.describe(),
             "cost_per_hour": exact.score.cost_per_hour,
             "samples_per_sec": exact.score.samples_per_sec,
+            "time_to_target_s": exact.score.time_to_target_s,
             "evaluated": exact.evaluated,
             "pruned_node_sets": exact.pruned,
             "memory_dropped": exact.memory_dropped,

@@ -28,12 +28,19 @@ __all__ = ["reinforce_search"]
 
 
 def _reward(
-    objective: Objective, score: Score | None, scale: float, max_cost: float
+    objective: Objective,
+    score: Score | None,
+    scale: float,
+    max_cost: float,
+    floor_s: float = 1.0,
 ) -> float:
     if score is None:
         return -1.0
     if objective.kind == "throughput":
         return score.samples_per_sec / scale
+    if objective.kind == "time":
+        t = score.time_to_target_s
+        return -1.0 if t is None or not t > 0 else floor_s / t
     need = float(objective.min_samples_per_sec or 1.0)
     if score.samples_per_sec >= need:
         return 1.0 - score.cost_per_hour / max_cost if max_cost > 0 else 1.0
@@ -60,11 +67,16 @@ def reinforce_search(
         batch: Configurations drawn per update.
         lr: Adam's learning rate.
         seed: Seeds the draws (the same seed, the same answer).
+
+    Raises:
+        ValueError: Bad ``rounds`` or ``batch``; ``time`` without the
+            model's convergence table.
     """
     import torch
 
     if rounds < 1 or batch < 2:
         raise ValueError(f"rounds must be >= 1 and batch >= 2, got {rounds}, {batch}")
+    objective.check(model)
     decisions = space.decisions()
     k = len(space.nodes)
     # scales for the reward: the best bound, the dearest configuration
@@ -73,6 +85,10 @@ def reinforce_search(
     max_cost = model.node_price(full) + sum(
         t.count * t.price_per_hour for t in model.cluster.node_types if t.devices == 0
     )
+    floor_s = 1.0
+    if model.convergence is not None:
+        fewest = min(b * u for b, _, u in model.convergence.points)
+        floor_s = fewest / scale
     generator = torch.Generator().manual_seed(seed)
     logits = [
         torch.zeros(len(choices), dtype=torch.float64, requires_grad=True)
@@ -101,7 +117,7 @@ def reinforce_search(
             c = space.candidate(tuple(choice))
             score = model.score(c)
             tracker.offer(c, score)
-            rewards.append(_reward(objective, score, scale, max_cost))
+            rewards.append(_reward(objective, score, scale, max_cost, floor_s))
         advantage = torch.tensor(rewards, dtype=torch.float64)
         advantage -= advantage.mean()  # the batch's mean reward as the baseline
         spread = float(advantage.std())

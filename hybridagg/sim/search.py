@@ -1,8 +1,11 @@
 """The planner's objectives and its exact searcher (pure logic).
 
-Objectives: ``throughput`` (the most samples/s; the cheaper of equals) and
+Objectives: ``throughput`` (the most samples/s; the cheaper of equals),
 ``cost`` (HeterPS's: the cheapest configuration whose samples/s reach
-``min_samples_per_sec``; the faster of equals).
+``min_samples_per_sec``; the faster of equals) and ``time`` (the shortest
+predicted time to the target accuracy, which needs the cost model's
+convergence table: :mod:`.convergence`; the faster, then the cheaper, of
+equals).
 
 :func:`exact_search` visits every candidate of a :class:`~.space.Space`
 except those a bound proves cannot win: a node combination whose ideal
@@ -12,6 +15,15 @@ for cost, one whose worker nodes alone cost more than the best found.
 Combinations are visited best-bound first (throughput) or cheapest first
 (cost), so the bounds bite early. With ``prune=False`` it is brute force,
 which the tests compare it with.
+
+Under ``time`` no node set is pruned: the ideal samples/s bounds a
+configuration's rate, not its time to the target, which also depends on
+how many updates its batches and staleness need; and the table, clamped
+below its smallest batch, gives no floor on the samples to the target that
+would turn the rate bound into a time bound. The exact searcher is then
+brute force over the space (the planner's spaces on this machine's
+emulation are a few hundred configurations; beyond ``AUTO_EXACT_LIMIT``
+``auto`` picks the policy anyway).
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from .space import Candidate, CostModel, Score, Space
 
 __all__ = ["OBJECTIVES", "Objective", "SearchResult", "Tracker", "exact_search"]
 
-OBJECTIVES = ("throughput", "cost")
+OBJECTIVES = ("throughput", "cost", "time")
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,7 @@ class Objective:
     """What the planner optimises.
 
     Attributes:
-        kind: ``throughput`` or ``cost``.
+        kind: ``throughput``, ``cost`` or ``time``.
         min_samples_per_sec: With ``cost``: the rate a plan must reach.
     """
 
@@ -51,8 +63,24 @@ class Objective:
         elif self.min_samples_per_sec is not None:
             raise ValueError("--min-samples-per-sec goes with --objective cost")
 
+    def check(self, model: CostModel) -> None:
+        """Whether ``model`` can score this objective.
+
+        Raises:
+            ValueError: ``time`` with a cost model that has no convergence
+                table.
+        """
+        if self.kind == "time" and model.convergence is None:
+            raise ValueError(
+                "--objective time needs --convergence FILE (a convergence table: "
+                "bench/convergence.py --json)"
+            )
+
     def feasible(self, score: Score) -> bool:
-        """Whether ``score`` meets the constraint (always, for throughput)."""
+        """Whether ``score`` meets the constraint (always, for throughput;
+        for time, whenever it has a time)."""
+        if self.kind == "time":
+            return score.time_to_target_s is not None
         return self.kind == "throughput" or (
             score.samples_per_sec >= float(self.min_samples_per_sec or 0.0)
         )
@@ -62,6 +90,15 @@ class Objective:
         other figure as the tie-break."""
         if self.kind == "throughput":
             return (1.0, score.samples_per_sec, -score.cost_per_hour)
+        if self.kind == "time":
+            if score.time_to_target_s is None:
+                return (0.0, score.samples_per_sec, -score.cost_per_hour)
+            return (
+                1.0,
+                -score.time_to_target_s,
+                score.samples_per_sec,
+                -score.cost_per_hour,
+            )
         if self.feasible(score):
             return (1.0, -score.cost_per_hour, score.samples_per_sec)
         return (0.0, score.samples_per_sec, -score.cost_per_hour)
@@ -140,11 +177,16 @@ class Tracker:
 def exact_search(
     model: CostModel, space: Space, objective: Objective, *, prune: bool = True
 ) -> SearchResult:
-    """The best candidate of ``space`` (see the module)."""
+    """The best candidate of ``space`` (see the module).
+
+    Raises:
+        ValueError: ``time`` without the model's convergence table.
+    """
+    objective.check(model)
     combos = space.node_choices()
     bounds = {n: model.upper_bound(n) for n in combos}
     price = {n: model.node_price(n) for n in combos}
-    if objective.kind == "throughput":
+    if objective.kind != "cost":
         combos.sort(key=lambda n: (-bounds[n], price[n], n))
     else:
         combos.sort(key=lambda n: (price[n], -bounds[n], n))
@@ -175,7 +217,10 @@ def _cannot_win(
     objective: Objective, tracker: Tracker, bound: float, price: float
 ) -> bool:
     """Whether no candidate with this samples/s bound and node price can beat
-    the best so far (or meet the constraint)."""
+    the best so far (or meet the constraint); never under ``time`` (no bound
+    holds: see the module)."""
+    if objective.kind == "time":
+        return False
     if objective.kind == "cost":
         if bound < float(objective.min_samples_per_sec or 0.0):
             return True

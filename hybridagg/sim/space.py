@@ -15,8 +15,10 @@ candidate's nodes, resolves the candidate as ``hybridagg train``'s options
 into a :class:`~.job.SimJob` (:func:`~.job.build_job`: the simulator's own
 reading), and predicts it with :func:`~.analytic.estimate`; the cost per
 hour is the price of the nodes it uses (worker nodes, and nodes that only
-hold servers). Scores are cached: the searchers ask for the same
-candidate many times.
+hold servers); with a convergence table (:mod:`.convergence`), its
+predicted time to the target accuracy from the same estimate's group
+cycles. Scores are cached: the searchers ask for the same candidate many
+times.
 
 Memory: a candidate whose device would need more than its node type's
 ``memory`` is dropped (it does not fit; :attr:`CostModel.memory_dropped`
@@ -43,6 +45,7 @@ from typing import Any
 from ..modes import MODES
 from .analytic import estimate
 from .cluster import ClusterSpec, ServerPlacement
+from .convergence import ConvergenceTable, time_to_target
 from .job import SimJob, build_job, machine_cluster
 from .profile import Profile
 
@@ -107,11 +110,20 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Score:
-    """A candidate's prediction and price."""
+    """A candidate's prediction and price.
+
+    Attributes:
+        samples_per_sec: Predicted samples/s.
+        ideal_samples_per_sec: Its workers' compute-only rates summed.
+        cost_per_hour: The price of the nodes it uses.
+        time_to_target_s: Predicted seconds to the target accuracy (``None``:
+            the cost model has no convergence table).
+    """
 
     samples_per_sec: float
     ideal_samples_per_sec: float
     cost_per_hour: float
+    time_to_target_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +287,10 @@ class CostModel:
         wire: ``--wire``.
         optimizer: ``--optimizer`` (its state counts in a device's memory;
             ``None``: unknown, counted as SGD's).
+        convergence: Updates to the target per samples per update and
+            staleness: with it, each score carries its predicted time to
+            the target (:func:`~.convergence.time_to_target` on the
+            analytic model's group cycles).
     """
 
     cluster: ClusterSpec
@@ -285,6 +301,7 @@ class CostModel:
     sample_ms: float = 0.0
     wire: str = "fp32"
     optimizer: str | None = None
+    convergence: ConvergenceTable | None = None
     _cache: dict[Candidate, Score | None] = field(default_factory=dict, repr=False)
     _errors: dict[Candidate, str] = field(default_factory=dict, repr=False)
     _memory: set[Candidate] = field(default_factory=set, repr=False)
@@ -424,12 +441,21 @@ class CostModel:
                 result.samples_per_sec,
                 result.ideal_samples_per_sec,
                 self.cost_per_hour(c),
+                self._time_to_target(job, result.group_cycle_s),
             )
         except ValueError as exc:
             score = None
             self._errors[c] = str(exc)
         self._cache[c] = score
         return score
+
+    def _time_to_target(self, job: SimJob, cycles: tuple[float, ...]) -> float | None:
+        """Predicted seconds to the target (``None`` without a table)."""
+        if self.convergence is None:
+            return None
+        samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
+        mode = "sync" if job.mode == "sync" or not job.servers else job.mode
+        return time_to_target(self.convergence, mode, samples, cycles)
 
     # ------------------------------------------------------------- memory
     def device_memory(self, mode: str, batch: int) -> float:

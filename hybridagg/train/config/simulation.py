@@ -247,12 +247,17 @@ class PlanOptions(Concern):
     wire: str = option("fp32", choices=WIRE_FORMATS)
     """the gradients' format on the wire (as hybridagg train's --wire)"""
 
-    objective: str = option("throughput", choices=("throughput", "cost"))
+    objective: str = option("throughput", choices=("throughput", "cost", "time"))
     """throughput: the most samples/s; cost: the cheapest per hour that
-    reaches --min-samples-per-sec"""
+    reaches --min-samples-per-sec; time: the shortest predicted time to the
+    target accuracy (with --convergence)"""
 
     min_samples_per_sec: float | None = option(None, at_least=0)
     """with --objective cost: the samples/s the plan must reach"""
+
+    convergence: str | None = None
+    """with --objective time: convergence table (bench/convergence.py
+    --json): updates to the target per samples per update and staleness"""
 
     searcher: str = option("auto", choices=("auto", "exact", "rl"))
     """exact: every configuration but those a bound rules out; rl: a policy
@@ -306,6 +311,13 @@ class PlanOptions(Concern):
             )
         if self.objective != "cost" and self.min_samples_per_sec is not None:
             raise ValueError("--min-samples-per-sec goes with --objective cost")
+        if self.objective == "time" and self.convergence is None:
+            raise ValueError(
+                "--objective time needs --convergence FILE: the updates to the "
+                "target per samples per update and staleness (bench/convergence.py)"
+            )
+        if self.objective != "time" and self.convergence is not None:
+            raise ValueError("--convergence goes with --objective time")
         from ...sim.space import parse_batch_choices
         from ...slowdown import parse_slowdown
 

@@ -1,0 +1,251 @@
+"""Updates to the target against samples per update and staleness (a convergence table).
+
+``hybridagg plan --objective time`` ranks configurations by their predicted
+time to the target accuracy, which needs how many updates a run needs at a
+given number of samples per update ``B`` and staleness ``tau`` (Pollux's
+statistical efficiency; "steps to result", Shallue et al., 2019). This
+measures it with real ``hybridagg train`` runs on this machine, no emulation:
+
+* ``tau = 0``: one rank, ``--mode sync`` (bench/batch_scaling.py's runs);
+* ``tau > 0``: ``--mode async`` with ``k`` equal-speed workers and one
+  server; the run's measured ``mean_staleness`` is its ``tau``.
+
+Every run: ``--eval-every 1``, ``--batch-size B`` at ``--lr lr0 x B / B0``
+(the linear scaling rule hybridagg applies to an update's samples; async
+updates are further damped by the server's staleness rule, as in any run),
+the run's ``updates_to_target`` (server versions in async). Per (B, workers)
+one MPI job trains every seed in a row::
+
+    python bench/convergence.py --data runs/digits.h5 --model mlp \\
+        --batches 16,32,64,128 --workers 1,2,4,8 --seeds 3 --steps 400 \\
+        --json bench/results/sim/convergence-digits.json
+
+The JSON holds the runs (``records``) and, under ``points``, the table that
+``hybridagg plan --convergence FILE`` reads (hybridagg/sim/convergence.py):
+per cell ``batch``, ``staleness`` (the median of the seeds' measured mean
+staleness) and ``updates`` (the median updates to the target; a seed that
+missed it counts as the updates it made plus one, so such a median is a
+lower bound and the cell says how many ``missed``).
+
+Cells that missed can be measured again with a longer ``--steps`` (every
+run trains to the end: the cost is steps, not the target) and merged:
+``--from-json A.json B.json --json C.json`` rebuilds the table from their
+records, a run of a later file replacing the same (B, workers, seed) run of
+an earlier one; more seeds (``--first-seed 3``) add to a cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def train_args(batch: int, workers: int, args: argparse.Namespace) -> list[str]:
+    """``hybridagg train``'s options for one cell (sync on one rank if ``workers == 1``)."""
+    mode = ["--mode", "sync"] if workers == 1 else ["--mode", "async", "--servers", "1"]
+    return [
+        *mode,
+        "--data", args.data, "--model", args.model,
+        "--batch-size", str(batch), "--lr", repr(args.lr * batch / args.base_batch),
+        "--steps", str(args.steps), "--eval-every", "1",
+        "--target-accuracy", str(args.target_accuracy), "--no-progress",
+    ]  # fmt: skip
+
+
+def run_cell(
+    batch: int, workers: int, args: argparse.Namespace, tmp: Path
+) -> list[dict]:
+    """Train every seed of one (B, workers) cell in one MPI job; their summaries."""
+    from hybridagg.runtime import runner
+
+    out = tmp / f"b{batch}-w{workers}.json"
+    cmd = [
+        sys.executable, str(HERE.parent / "hetero.py"), "--inner",
+        "--seeds", ",".join(str(args.first_seed + s) for s in range(args.seeds)),
+        "--out", str(out), "--", *train_args(batch, workers, args),
+    ]  # fmt: skip
+    ranks = 1 if workers == 1 else workers + 1
+    result = runner.run_job(
+        runner.mpiexec_argv(ranks, cmd), timeout=args.timeout, env=runner.mpiexec_env()
+    )
+    if result.returncode != 0 or not out.exists():
+        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"convergence: batch {batch} workers {workers} failed")
+    runs = json.loads(out.read_text())
+    for r in runs:
+        r["cell_batch"], r["cell_workers"] = batch, workers
+        r["cell_steps"] = args.steps
+    return runs
+
+
+def merge(files: list[list[dict]]) -> list[dict]:
+    """Records of several runs of this script: a (B, workers, seed) run of a
+    later file replaces the same run of an earlier one; other seeds add."""
+    runs: dict[tuple[int, int, int], dict] = {}
+    for records in files:
+        for r in records:
+            runs[(r["cell_batch"], r["cell_workers"], r["seed"])] = r
+    return list(runs.values())
+
+
+def points(records: list[dict], steps: int) -> list[dict]:
+    """One table point per (B, workers): median staleness and updates to the target.
+
+    A seed that never reached the target counts as the updates it made plus
+    one (its summary's ``steps``; else its cell's, else ``steps``): it
+    needed more than it was given, so the median is then a lower bound, and
+    ``missed`` says how many seeds it holds.
+    """
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        cells.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
+    out = []
+    for (batch, workers), runs in sorted(cells.items()):
+        u = [
+            int(r["updates_to_target"])
+            if r.get("updates_to_target") is not None
+            else int(r.get("steps") or r.get("cell_steps") or steps) + 1
+            for r in runs
+        ]
+        tau = [float(r.get("mean_staleness") or 0.0) for r in runs]
+        out.append(
+            {
+                "batch": batch,
+                "workers": workers,
+                "staleness": round(statistics.median(tau), 3),
+                "updates": statistics.median(u),
+                "updates_range": [min(u), max(u)],
+                "staleness_range": [round(min(tau), 3), round(max(tau), 3)],
+                "seeds": len(runs),
+                "missed": sum(r.get("updates_to_target") is None for r in runs),
+            }
+        )
+    return out
+
+
+def markdown(table: list[dict], target: float) -> str:
+    """The points as a markdown table."""
+    lines = [
+        f"| B | workers | staleness tau, median [range] | updates to {target:g}, "
+        "median [range] | missed |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for p in table:
+        lines.append(
+            f"| {p['batch']} | {p['workers']} | {p['staleness']:.2f} "
+            f"[{p['staleness_range'][0]:.2f}-{p['staleness_range'][1]:.2f}] "
+            f"| {p['updates']:g} [{p['updates_range'][0]}-{p['updates_range'][1]}] "
+            f"| {p['missed']} |"
+        )
+    return "\n".join(lines)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise SystemExit(f"{flag} must be integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag} must be positive integers, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="runs/digits.h5")
+    p.add_argument("--model", default="mlp", help="a zoo name")
+    p.add_argument("--batches", default="16,32,64,128", help="samples per update B")
+    p.add_argument(
+        "--workers", default="1,2,4,8", help="1: one-rank sync (tau 0); k: async"
+    )
+    p.add_argument("--lr", type=float, default=0.05, help="the rate at --base-batch")
+    p.add_argument("--base-batch", type=int, default=32, help="B0 of the lr rule")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds from this one on")
+    p.add_argument("--steps", type=int, default=400, help="updates each run may take")
+    p.add_argument("--target-accuracy", type=float, default=0.9)
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json")
+    p.add_argument(
+        "--from-json",
+        nargs="+",
+        help="rebuild the table from these --json files (later cells replace earlier)",
+    )
+    args = p.parse_args(argv)
+    batches = _ints(args.batches, "--batches")
+    workers = _ints(args.workers, "--workers")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if args.from_json:
+        loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
+        records = merge([d["records"] for d in loaded])
+        started = ", ".join(str(d.get("started")) for d in loaded)
+        args.steps = max(int(d.get("steps") or args.steps) for d in loaded)
+        for key in ("model", "data", "target_accuracy", "lr", "base_batch"):
+            if loaded[0].get(key) is not None:  # what the runs were, not the flags
+                setattr(args, key, loaded[0][key])
+    else:
+        records = measure(batches, workers, args)
+    table = points(records, args.steps)
+    print(markdown(table, args.target_accuracy))
+    if args.json:
+        meta = {
+            "command": " ".join(
+                ["python", "bench/convergence.py", *(argv or sys.argv[1:])]
+            ),
+            "started": started,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "model": args.model,
+            "data": args.data,
+            "target_accuracy": args.target_accuracy,
+            "lr": args.lr,
+            "base_batch": args.base_batch,
+            "steps": args.steps,
+        }
+        if args.from_json:
+            meta["sources"] = [
+                {k: d.get(k) for k in ("command", "started", "finished", "steps")}
+                for d in loaded
+            ]
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        # the runs' accuracy curves (one point per update) would make the
+        # file megabytes: the table needs the updates to the target alone
+        kept = [{k: v for k, v in r.items() if k != "accuracy_curve"} for r in records]
+        Path(args.json).write_text(
+            json.dumps({**meta, "points": table, "records": kept}, indent=1)
+        )
+    return 0
+
+
+def measure(
+    batches: list[int], workers: list[int], args: argparse.Namespace
+) -> list[dict]:
+    """Train every (B, workers) cell; the runs' summaries."""
+    from hybridagg.data import digits_file
+
+    digits_file(args.data)
+    records: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workers:
+            for b in batches:
+                got = run_cell(b, w, args, Path(tmp))
+                records += got
+                print(
+                    f"# B {b:>4} workers {w}: updates to target "
+                    f"{[r.get('updates_to_target') for r in got]} staleness "
+                    f"{[round(r.get('mean_staleness') or 0.0, 2) for r in got]}",
+                    flush=True,
+                )
+    return records
+
+
+if __name__ == "__main__":
+    sys.exit(main())

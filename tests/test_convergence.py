@@ -1,0 +1,268 @@
+"""The convergence table and ``hybridagg plan --objective time``: interpolation
+against hand values, bad files, the predicted time to the target, the
+searchers under the time objective, and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from test_sim import PROFILE
+
+from hybridagg.sim.convergence import (
+    ConvergenceTable,
+    group_staleness,
+    load_convergence,
+    time_to_target,
+)
+from hybridagg.sim.job import machine_cluster
+from hybridagg.sim.planfile import load_plan
+from hybridagg.sim.planner import compare_searchers
+from hybridagg.sim.policy import reinforce_search
+from hybridagg.sim.profile import Profile, save_profile
+from hybridagg.sim.search import Objective, exact_search
+from hybridagg.sim.space import CostModel, Space
+
+#: U(16, 0) = 100, U(16, 4) = 200, U(64, 0) = 40, U(64, 4) = 120
+HAND = ConvergenceTable(((16, 0, 100), (16, 4, 200), (64, 0, 40), (64, 4, 120)))
+
+
+# ------------------------------------------------------------- interpolation
+@pytest.mark.parametrize(
+    ("batch", "tau", "updates"),
+    [
+        (16, 0, 100),  # a point
+        (64, 4, 120),
+        (16, 2, 150),  # halfway in tau
+        (64, 1, 60),
+        (16, 9, 200),  # clamped above the largest tau
+        (32, 0, 70),  # halfway in log B: log 32 is halfway between log 16, log 64
+        (32, 2, 115),  # both: (150 + 80) / 2
+        (128, 2, 80),  # clamped above the largest B
+        (1000, 0, 40),
+        (8, 0, 200),  # below the smallest B: its samples (1,600) held
+        (4, 2, 600),  # 150 updates of 16 = 2,400 samples, in updates of 4
+    ],
+)
+def test_updates_to_target_interpolates_by_hand(batch, tau, updates):
+    assert HAND.updates_to_target(batch, tau) == pytest.approx(updates, rel=1e-12)
+
+
+def test_a_batch_measured_at_one_staleness_is_flat_in_staleness():
+    table = ConvergenceTable(((32, 0, 50), (128, 0, 20), (128, 3, 80)))
+    assert table.updates_to_target(32, 7) == 50
+    # between B 32 and 128 at tau 1.5: (50 + 50) / 2
+    assert table.updates_to_target(64, 1.5) == pytest.approx(50)
+
+
+def test_updates_to_target_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="batch must be > 0"):
+        HAND.updates_to_target(0, 0)
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        HAND.updates_to_target(16, -1)
+    with pytest.raises(ValueError, match="staleness must be finite"):
+        HAND.updates_to_target(16, math.nan)
+
+
+# ------------------------------------------------------------------- the file
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "expected a JSON object with 'points'"),
+        ({"points": []}, "'points' must be a non-empty list"),
+        ({"points": [3]}, "point 0 must be an object"),
+        ({"points": [{"batch": 16, "updates": 5}]}, "point 0 lacks staleness"),
+        ({"points": [{"batch": 0, "staleness": 0, "updates": 5}]}, "batch must be > 0"),
+        ({"points": [{"batch": 16, "staleness": -1, "updates": 5}]}, "staleness must be >= 0"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 0}]}, "updates must be > 0"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": "5"}]}, "updates must be a number"),
+        ({"points": [{"batch": True, "staleness": 0, "updates": 5}]}, "batch must be a number"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5},
+                     {"batch": 16, "staleness": 0, "updates": 6}]}, "appears twice"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "target_accuracy": 2}, "target_accuracy must be in"),
+    ],
+)  # fmt: skip
+def test_bad_convergence_files_are_refused(tmp_path, data, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message) as err:
+        load_convergence(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_and_unreadable_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_convergence(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read as JSON"):
+        load_convergence(bad)
+
+
+def test_a_file_reads_back_and_extra_keys_are_ignored(tmp_path):
+    path = tmp_path / "c.json"
+    data = {**HAND.as_dict(), "records": [{"seed": 0}], "command": "x"}
+    data["points"][0]["workers"] = 1  # bench/convergence.py's extra keys
+    path.write_text(json.dumps(data))
+    assert load_convergence(path) == HAND
+
+
+# ------------------------------------------------------ the time to the target
+def test_group_staleness_is_the_other_groups_updates_in_a_cycle():
+    assert group_staleness([1.0] * 4) == pytest.approx([3.0] * 4)
+    assert group_staleness([1.0, 2.0]) == pytest.approx([0.5, 2.0])
+    assert group_staleness([5.0]) == [0.0]
+    with pytest.raises(ValueError, match="cycles must be > 0"):
+        group_staleness([1.0, 0.0])
+
+
+def test_time_to_target_by_hand():
+    # sync: one update of 64 samples per 0.5 s step, at staleness 0
+    assert time_to_target(HAND, "sync", [32, 32], [0.5, 0.4]) == pytest.approx(20)
+    # async, two groups of 16 every second: tau 1, U = 125; 2 updates/s
+    assert time_to_target(HAND, "async", [16, 16], [1.0, 1.0]) == pytest.approx(62.5)
+    # a fast group (64 every 0.5 s, tau 0.25: U 45) and a slow one (16 every
+    # 2 s, tau 4: U 200): progress 1/22.5 + 1/400 per second
+    assert time_to_target(HAND, "hybrid", [64, 16], [0.5, 2.0]) == pytest.approx(
+        1 / (1 / 22.5 + 1 / 400)
+    )
+    with pytest.raises(ValueError, match="one cycle per group"):
+        time_to_target(HAND, "async", [16], [1.0, 1.0])
+
+
+# ---------------------------------------------------------- the planner's use
+BIG = Profile(**{**PROFILE.__dict__, "parameters": 10_000_000})
+#: staleness hurts a lot, larger updates help
+STALE = ConvergenceTable(((32, 0, 100), (32, 3, 1000), (128, 0, 30), (128, 3, 300)))
+#: samples to the target 4,096 whatever the batch and staleness
+FREE = ConvergenceTable(tuple((b, t, 4096 / b) for b in (32, 64, 128) for t in (0, 3)))
+
+
+def _model(table: ConvergenceTable | None) -> CostModel:
+    """4 emulated workers, 2-3 four times slower (bench/planned.py's headline)."""
+    return CostModel(machine_cluster(BIG, 4, 0), BIG, batch_size=32, workers=4,
+                     slowdown="2-3:4", sample_ms=1.0, convergence=table)  # fmt: skip
+
+
+def test_the_time_objective_prefers_fewer_larger_fresher_updates():
+    space = _model(None).default_space()
+    fast = exact_search(_model(STALE), space, Objective("throughput"))
+    soon = exact_search(_model(STALE), space, Objective("time"))
+    assert fast.best.mode == "async"  # the most samples/s: every worker alone
+    assert soon.best.mode == "sync"  # one update of 128 samples at staleness 0
+    assert soon.score.time_to_target_s < fast.score.time_to_target_s
+    assert soon.score.samples_per_sec < fast.score.samples_per_sec
+    # without sync, hybrid's updates of two workers beat async's of one
+    no_sync = Space(**{**space.__dict__, "modes": ("hybrid", "async")})
+    assert exact_search(_model(STALE), no_sync, Objective("time")).best.mode == "hybrid"
+
+
+def test_when_only_samples_count_time_is_samples_over_throughput():
+    model = _model(FREE)
+    space = Space(**{**model.default_space().__dict__, "batches": ("equal",)})
+    scored = 0
+    for c in space.candidates_on((1,)):
+        s = model.score(c)
+        if s is not None:
+            scored += 1
+            assert s.time_to_target_s == pytest.approx(4096 / s.samples_per_sec)
+    assert scored > 5
+    fast = exact_search(model, space, Objective("throughput"))
+    soon = exact_search(model, space, Objective("time"))
+    assert fast.score == soon.score
+
+
+def test_exact_search_under_time_is_brute_force_and_matches_it():
+    model = _model(STALE)
+    space = model.default_space()
+    exact = exact_search(model, space, Objective("time"))
+    assert exact.pruned == 0  # no bound holds for time (search.py's module)
+    times = [
+        s.time_to_target_s
+        for n in space.node_choices()
+        for c in space.candidates_on(n)
+        if (s := model.score(c)) is not None
+    ]
+    assert exact.score.time_to_target_s == min(times)
+    brute = exact_search(_model(STALE), space, Objective("time"), prune=False)
+    assert brute.score == exact.score
+
+
+def test_reinforce_under_time_is_close_to_exact_and_deterministic():
+    space = _model(None).default_space()
+    runs = [
+        reinforce_search(_model(STALE), space, Objective("time"), seed=1, rounds=40)
+        for _ in range(2)
+    ]
+    assert runs[0].best == runs[1].best
+    report = compare_searchers(_model(STALE), space, Objective("time"), seeds=2,
+                               rounds=40)  # fmt: skip
+    assert report["max_gap"] <= 0.05
+    assert report["exact"]["time_to_target_s"] > 0
+
+
+def test_the_time_objective_needs_the_table():
+    model = _model(None)
+    with pytest.raises(ValueError, match="--objective time needs --convergence"):
+        exact_search(model, model.default_space(), Objective("time"))
+    with pytest.raises(ValueError, match="--objective time needs --convergence"):
+        reinforce_search(model, model.default_space(), Objective("time"), rounds=1)
+    with pytest.raises(ValueError, match="goes with --objective cost"):
+        Objective("time", 10.0)
+
+
+# ------------------------------------------------------------- command line
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hybridagg.cli", "plan", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_command_plans_for_time_and_refuses_half_the_pair(tmp_path):
+    prof = save_profile(BIG, tmp_path / "p.json")
+    table = tmp_path / "c.json"
+    table.write_text(json.dumps(STALE.as_dict()))
+    common = ["--profile", str(prof), "-n", "4", "--slowdown", "2-3:4",
+              "--sample-ms", "1", "--confirm-workers", "0"]  # fmt: skip
+    alone = _plan(*common, "--objective", "time")
+    assert alone.returncode == 2 and "needs --convergence FILE" in alone.stderr
+    stray = _plan(*common, "--convergence", str(table))
+    assert stray.returncode == 2
+    assert "--convergence goes with --objective time" in stray.stderr
+    out = tmp_path / "plan.json"
+    done = _plan(*common, "--objective", "time", "--convergence", str(table),
+                 "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "predicted time to target" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["objective"] == "time" and data["mode"] == "sync"
+    assert data["predicted_time_to_target_s"] > 0
+    assert data["sync_time_to_target_s"] == data["predicted_time_to_target_s"]
+    assert load_plan(out).predicted_time_to_target_s == pytest.approx(
+        data["predicted_time_to_target_s"]
+    )
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"points": []}))
+    refused = _plan(*common, "--objective", "time", "--convergence", str(bad))
+    assert refused.returncode == 2 and "'points' must be a non-empty list" in (
+        refused.stderr
+    )
+
+
+def test_plan_flags_are_exactly_the_published_ones():
+    from hybridagg.train.config.simulation import PLAN_CONCERNS, PlanConfig
+    from hybridagg.train.flags import option_strings
+
+    assert sorted(option_strings(PlanConfig, PLAN_CONCERNS)) == [
+        "--batch-choices", "--batch-size", "--classes", "--cluster",
+        "--confirm-workers", "--convergence", "--data", "--json", "--lr",
+        "--min-samples-per-sec", "--model", "--momentum", "--objective",
+        "--optimizer", "--out", "--profile", "--rounds", "--sample-ms",
+        "--sample-shape", "--searcher", "--seed", "--sim-timeout", "--slowdown",
+        "--warmup-updates", "--weight-decay", "--wire", "--workers", "-n",
+    ]  # fmt: skip
