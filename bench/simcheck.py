@@ -6,6 +6,7 @@ One command calibrates, trains and simulates (it starts the MPI jobs itself)::
     python bench/simcheck.py --cluster bench/clusters/four-workers-10g.toml \\
         --json simcheck-10g.json          # the emulated cluster (it must be up)
     python bench/simcheck.py --from-json simcheck.json simcheck-10g.json
+    python bench/simcheck.py --from-json simcheck.json --repredict --json again.json
 
 Cells (``--cells``): the digits headline (``mlp``, 6 epochs, ``--sample-ms
 1``) at ``1x``, ``4x``, ``8x`` and ``change`` (bench/hetero.py's levels: two
@@ -444,6 +445,23 @@ def predict(argv: list[str], timeout: float) -> dict:
         return json.loads(out.read_text())
 
 
+def repredict(predictions: list[dict], timeout: float) -> list[dict]:
+    """The same (cell, mode) predictions by this simulator: each one's own
+    ``hybridagg simulate`` options again (its calibrated profile, fitted on
+    the microbenchmarks of its sitting); nothing is fitted to the runs."""
+    out = []
+    for old in predictions:
+        pred = predict(old["argv"], timeout)
+        keep = {k: old[k] for k in ("cell", "where", "mode", "argv")}
+        out.append({**pred, **keep, "previous": old["samples_per_sec"]})
+        print(
+            f"# {old['cell']:>8} {old['mode']:<14} predicted "
+            f"{pred['samples_per_sec']:.1f} (was {old['samples_per_sec']:.1f})",
+            flush=True,
+        )
+    return out
+
+
 def run(args) -> dict:
     """Calibrate, train and simulate every asked (cell, mode)."""
     from hybridagg.data import digits_file
@@ -533,13 +551,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--from-json", nargs="+", help="rebuild the table from these --json files"
     )
+    p.add_argument(
+        "--repredict", action="store_true",
+        help="with --from-json: simulate their cells again (this simulator, their "
+        "calibrated profiles and options); the real runs are theirs",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.repredict and not args.from_json:
+        raise SystemExit("--repredict needs --from-json FILE")
     if args.from_json:
         data: dict = {"calibration": [], "records": [], "predictions": []}
         for path in args.from_json:
             got = json.loads(Path(path).read_text())
             for key in data:
                 data[key] += got.get(key, [])
+        if args.repredict:
+            data["predictions"] = repredict(data["predictions"], args.timeout)
     else:
         args.cells = [c for c in args.cells.split(",") if c]
         args.modes = [m for m in args.modes.split(",") if m]

@@ -23,7 +23,7 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.job import BANK_MIN_FLOWS, bank_servers
+from hybridagg.sim.job import BANK_MIN_FLOWS, LOADER_CLAIM_AHEAD, bank_servers
 from hybridagg.sim.profile import (
     AllreduceFit,
     MachineInfo,
@@ -753,3 +753,45 @@ def test_profile_with_data_times_the_runs_own_validation(tmp_path):
 
     with h5py.File(data) as f:
         assert profile.validation_samples == len(f["val"]["labels"])
+
+
+# ------------------------------------------------------- dynamic shares' end
+@needs_simgrid
+def test_a_slow_workers_claimed_batches_make_the_end_of_an_async_run():
+    # 20 batches in the pool; rank 1 is 100x slower (3.2 s a batch). Its
+    # loader claims 1 + claim_ahead batches as it starts, and the run ends
+    # only when it has computed them: 6 x 3.2 s, although the fast worker
+    # could have trained every sample within a second
+    profile = replace(TINY, server=ServerFit(seconds_per_update=1e-5, seconds_per_byte=0))
+    opts = options(mode="async", servers=1, steps=None, epochs=1, sample_ms=1.0,
+                   slowdown="1:100")  # fmt: skip
+    job = build_job(opts, gpus(2, 1e12, 0.0), profile, samples=640)
+    assert job.claim_ahead == LOADER_CLAIM_AHEAD == 5
+    slow_step = 32 * 0.1
+    claimed = simulate(job)
+    assert claimed.samples == 640
+    assert claimed.time_s == pytest.approx(6 * slow_step, rel=0.01)
+    # without read-ahead the slow worker holds one batch
+    eager = simulate(replace(job, claim_ahead=0))
+    assert eager.samples == 640
+    assert eager.time_s == pytest.approx(slow_step, rel=0.01)
+    # the analytic model: half a step in progress, on average, plus the claims
+    model = estimate(job).samples_per_sec
+    assert model == pytest.approx(claimed.samples_per_sec, rel=0.1)
+    assert estimate(replace(job, claim_ahead=0)).samples_per_sec > 5 * model
+
+
+def test_claim_ahead_is_the_training_loaders_read_ahead_and_sync_has_none():
+    import inspect
+
+    from hybridagg.data import HDF5Loader
+
+    prefetch = inspect.signature(HDF5Loader).parameters["prefetch"].default
+    assert LOADER_CLAIM_AHEAD == prefetch + 1
+    sync = build_job(options(steps=None, epochs=1), gpus(2), PROFILE, samples=640)
+    assert sync.claim_ahead == 0
+    hybrid = build_job(
+        options(mode="hybrid", groups="0,1", servers=1, steps=None, epochs=1),
+        gpus(2), PROFILE, samples=640,
+    )  # fmt: skip
+    assert hybrid.claim_ahead == LOADER_CLAIM_AHEAD

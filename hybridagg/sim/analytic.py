@@ -51,6 +51,13 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   its time validating, so its cycle is ``cycle / (1 - f)``, and the updates
   per second include that cycle (a fixed point).
 
+* **the end of a hybrid or async run** of ``target_samples`` (dynamic
+  shares, ``SimJob.claim_ahead``): when the last samples are claimed every
+  group holds ``claim_ahead`` batches and half the one it computes; the
+  samples before then go at the steady rate, and the run ends when the
+  slowest group has computed what it holds
+  (``claim_ahead + 1/2`` of its cycles).
+
 Not modelled (the simulator's business): contention between groups on a
 shared link, between hierarchical stages on a leader's link, ``--overlap``,
 the staleness bound.
@@ -375,7 +382,7 @@ def estimate(job: SimJob) -> Estimate:
     schedule, each phase at its own level, time-averaged over the run."""
     starts = job.phase_starts()
     if len(starts) == 1:
-        return _steady(job)
+        return _with_tail(job, _steady(job))
     phases = [_steady(job.frozen_at(t)) for t in starts]
     # walk the phases until the run's updates (or samples) are done
     want_updates = job.steps
@@ -403,12 +410,40 @@ def estimate(job: SimJob) -> Estimate:
         if left and span == min(left):
             break
     if elapsed <= 0:
-        return phases[0]
+        return _with_tail(job, phases[0])
+    return _with_tail(
+        job,
+        Estimate(
+            samples / elapsed,
+            job.ideal_samples_per_sec(elapsed),
+            tuple(w / elapsed for w in weighted),
+            server_wait_s=phases[-1].server_wait_s,
+        ),
+    )
+
+
+def _with_tail(job: SimJob, est: Estimate) -> Estimate:
+    """The end of a hybrid or async run of ``target_samples`` (see the
+    module): once the pool of samples is claimed, every group still holds
+    ``claim_ahead`` batches and half the one it computes, and the run ends
+    when the slowest has computed them."""
+    if (
+        job.mode == "sync"
+        or not job.target_samples
+        or not job.claim_ahead
+        or est.samples_per_sec <= 0
+    ):
+        return est
+    left = job.claim_ahead + 0.5  # steps each group has to go
+    held = left * sum(w["batch"] for w in job.workers)
+    claimed = max(0.0, job.target_samples - held) / est.samples_per_sec
+    end = claimed + left * max(est.group_cycle_s)
+    end = max(end, job.target_samples / est.samples_per_sec)
     return Estimate(
-        samples / elapsed,
-        job.ideal_samples_per_sec(elapsed),
-        tuple(w / elapsed for w in weighted),
-        server_wait_s=phases[-1].server_wait_s,
+        job.target_samples / end,
+        est.ideal_samples_per_sec,
+        est.group_cycle_s,
+        server_wait_s=est.server_wait_s,
     )
 
 

@@ -53,6 +53,12 @@ Rank 0 validates every ``--eval-every`` updates, as a run does (the
 profile's ``validation_s``; with servers after pulling the weights): a run's
 wall time, and so its samples per second, includes it; in sync every rank
 waits for it at the next reduction, in hybrid its group at the next barrier.
+Hybrid and async runs of a number of samples (``--epochs``) draw them as a
+run's dynamic shares do: a batch at a time from one pool, each worker
+holding ``SimJob.claim_ahead`` batches claimed beyond the one it computes
+(its loader's read-ahead); a group whose step finds nothing left ends, and
+the run ends when the last claimed batch is pushed, so a slow worker's
+claims are the run's tail.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class _State:
     version: int = 0
     samples: int = 0
     staleness: list[int] = field(default_factory=list)
+    unclaimed: int = 0  # dynamic shares: the run's samples no worker has claimed
     group_times: dict[int, list[float]] = field(default_factory=dict)
 
 
@@ -95,7 +102,7 @@ class _Sim:
         self.job = job
         self.sg = sg = load()
         self.engine = sg.Engine(["hybridagg-simulate", *SIMGRID_CONFIG])
-        self.state = _State()
+        self.state = _State(unclaimed=int(job.target_samples or 0))
         self._latency: dict[tuple[int, int], float] = {}
         self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
         self._eval_bucket = 0  # rank 0's last validation, as eval_every buckets
@@ -308,14 +315,26 @@ class _Sim:
         step_samples = sum(w["batch"] for w in job.workers)  # sync's update
         passes = max(1, int(job.accumulate))
         steps_done = 0
+        pool = job.mode != "sync" and job.target_samples is not None
+        held: list[int] = []  # dynamic shares: batches claimed, not yet computed
         while True:
             if leader:  # the weights this step's gradient is computed on
                 shared["computed_on"] = shared["weights"]
+            mine = batch
+            if pool:
+                # the loader claims ahead of the step it computes (its
+                # read-ahead): what is claimed is this worker's to compute
+                while len(held) < 1 + job.claim_ahead and st.unclaimed > 0:
+                    take = min(batch, st.unclaimed)
+                    st.unclaimed -= take
+                    held.append(take)
+                mine = held.pop(0) if held else 0
+                shared["samples_of"][position] = mine  # summed after the barrier
             factor = job.factor(rank, self.engine.clock)
             if job.sleep_compute:
-                total = job.compute_seconds(rank, batch, self.engine.clock)
+                total = job.compute_seconds(rank, mine, self.engine.clock)
             else:  # an amount: the host's speed (and sharing) sets the time
-                total = job.workers[rank]["seconds_per_sample"] * batch * factor
+                total = job.workers[rank]["seconds_per_sample"] * mine * factor
             # --accumulate: the passes before the last reduce nothing; the
             # buckets fill during the last pass's backward, each handed to
             # the reduction then (it overlaps the rest of backward)
@@ -355,8 +374,15 @@ class _Sim:
                 continue
             if n > 1:
                 barrier.wait()
+            # (every member wrote its samples before the barrier, and none
+            # rewrites them before the next step's: the barriers between)
+            group_samples = sum(shared["samples_of"]) if pool else None
+            if group_samples == 0:
+                # an update that carries no samples ends a group's training
+                # (the run's rule): every member's claims are done
+                return
             if leader:
-                shared["bcast"] = self._leader_step(group, ranks)
+                shared["bcast"] = self._leader_step(group, ranks, group_samples)
                 shared["stop"] = st.stopped  # read by all after the barrier
             if n > 1:
                 barrier.wait()
@@ -547,12 +573,16 @@ class _Sim:
         else:
             self.sg.this_actor.exec_async(amount).wait()
 
-    def _leader_step(self, group: int, ranks: list[int]) -> bool:
-        """The leader's part of a step after the all-reduce; whether the group
-        broadcasts new weights now."""
+    def _leader_step(
+        self, group: int, ranks: list[int], samples: int | None = None
+    ) -> bool:
+        """The leader's part of a step after the all-reduce (``samples``: the
+        group's, default every member's batch); whether the group broadcasts
+        new weights now."""
         sg, job = self.sg, self.job
         shared = self.groups_shared[group]
-        samples = sum(job.workers[r]["batch"] for r in ranks)
+        if samples is None:
+            samples = sum(job.workers[r]["batch"] for r in ranks)
         host = self.worker_host[ranks[0]]
         me = shared["mailbox"]
         shard = self.shard
@@ -633,6 +663,7 @@ class _Sim:
                 "pending": False,
                 "weights": 0,
                 "computed_on": 0,
+                "samples_of": [0] * len(ranks),
             }
             for g, ranks in enumerate(job.groups)
         ]

@@ -29,6 +29,7 @@ from .profile import Profile, load_profile
 
 __all__ = [
     "BANK_MIN_FLOWS",
+    "LOADER_CLAIM_AHEAD",
     "JobOptions",
     "SimJob",
     "bank_servers",
@@ -104,6 +105,19 @@ class SimJob:
             :func:`bank_servers`): a push is one flow of the whole gradient
             to one server actor whose links are the servers' links side by
             side, not one flow per server.
+        eval_every: Rank 0 validates every this many updates (``--eval-every``:
+            sync's steps, else server versions), as a run does; ``None``:
+            never.
+        validation_s: Seconds of one validation on rank 0's device (the
+            profile's, at its node's speed; 0: not measured, none simulated).
+        validation_pull: A validation first pulls the weights from the
+            servers (hybrid and async: rank 0's own weights are stale).
+        claim_ahead: Hybrid and async with ``target_samples``: the run's
+            samples are dynamic shares, claimed a batch at a time from one
+            pool, and each worker's loader holds this many batches claimed
+            beyond the one it computes (its read-ahead); the run ends when
+            every claimed batch is computed and pushed, so a slow worker's
+            claims make the end's tail.
     """
 
     mode: str
@@ -131,6 +145,7 @@ class SimJob:
     eval_every: int | None = None
     validation_s: float = 0.0
     validation_pull: bool = False
+    claim_ahead: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -367,6 +382,7 @@ def build_job(
         "steps": options.steps,
         "accumulate": int(getattr(options, "accumulate", 1)),
         "eval_every": getattr(options, "eval_every", None),
+        "claim_ahead": 0 if options.mode == "sync" else LOADER_CLAIM_AHEAD,
     }
     probe = SimJob(**job_args)
     speeds = [1.0 / probe.compute_seconds(r, 1) for r in range(num_workers)]
@@ -416,6 +432,11 @@ def build_job(
         raise ValueError("give --steps N (or --epochs with --data or --samples)")
     return SimJob(**job_args)
 
+
+LOADER_CLAIM_AHEAD = 5
+"""Batches a hybrid or async worker holds claimed beyond the one it computes:
+the training loader's read-ahead (``HDF5Loader``'s ``prefetch`` of 4 in its
+queue, and the one its reader thread holds while the queue is full)."""
 
 #: From this many pushes in a round (groups x servers) on, interchangeable
 #: servers are simulated as a bank.
