@@ -762,7 +762,9 @@ def test_a_slow_workers_claimed_batches_make_the_end_of_an_async_run():
     # loader claims 1 + claim_ahead batches as it starts, and the run ends
     # only when it has computed them: 6 x 3.2 s, although the fast worker
     # could have trained every sample within a second
-    profile = replace(TINY, server=ServerFit(seconds_per_update=1e-5, seconds_per_byte=0))
+    profile = replace(
+        TINY, server=ServerFit(seconds_per_update=1e-5, seconds_per_byte=0)
+    )
     opts = options(mode="async", servers=1, steps=None, epochs=1, sample_ms=1.0,
                    slowdown="1:100")  # fmt: skip
     job = build_job(opts, gpus(2, 1e12, 0.0), profile, samples=640)
@@ -787,7 +789,7 @@ def test_claim_ahead_is_the_training_loaders_read_ahead_and_sync_has_none():
     from hybridagg.data import HDF5Loader
 
     prefetch = inspect.signature(HDF5Loader).parameters["prefetch"].default
-    assert LOADER_CLAIM_AHEAD == prefetch + 1
+    assert prefetch + 1 == LOADER_CLAIM_AHEAD
     sync = build_job(options(steps=None, epochs=1), gpus(2), PROFILE, samples=640)
     assert sync.claim_ahead == 0
     hybrid = build_job(
