@@ -1,6 +1,8 @@
 """The compact wire format: the codec, error feedback, the compact collectives,
 the parameter server's messages, and the optimizer's keyword."""
 
+import statistics
+
 import pytest
 import torch
 
@@ -393,27 +395,33 @@ def digits(tmp_path_factory):
 def test_bf16_learns_the_digits_as_well_as_fp32(digits, tmp_path, nranks, mode):
     from train_helpers import output, run_train, summary
 
-    accuracy = {}
-    for wire in ("fp32", "bf16"):
-        out = tmp_path / f"{wire}.json"
-        result = run_train(
-            nranks,
-            [
-                "--data", digits, *mode, "--epochs", "4", "--lr", "0.05",
-                "--no-progress", "--sample-ms", "0.2", "--seed", "1",
-                "--summary", str(out), "--wire", wire,
-            ],
-        )  # fmt: skip
-        assert result.returncode == 0, output(result)[-3000:]
-        s = summary(out)
-        assert s["wire"] == wire
-        accuracy[wire] = s["final_accuracy"]
     # Runs reach 0.92-0.98 either way. Hybrid's updates land in the order the
     # busy cores let them, so either wire's run can be the lucky one (CI saw
-    # fp32 0.925 beside bf16 0.972): what users rely on is that bf16 costs
-    # no more than the stated 3 points, so the check is one-sided.
-    assert accuracy["bf16"] >= 0.9, accuracy
-    assert accuracy["bf16"] >= accuracy["fp32"] - 0.03, accuracy
+    # fp32 0.925 beside bf16 0.972, and fp32 0.972 beside bf16 0.942): one
+    # run a wire cannot tell 3 points, so hybrid compares the medians of
+    # three seeds (sync's runs are repeatable: one seed)
+    seeds = (1,) if mode[1] == "sync" else (1, 2, 3)
+    accuracy: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for wire in ("fp32", "bf16"):
+        for seed in seeds:
+            out = tmp_path / f"{wire}-{seed}.json"
+            result = run_train(
+                nranks,
+                [
+                    "--data", digits, *mode, "--epochs", "4", "--lr", "0.05",
+                    "--no-progress", "--sample-ms", "0.2", "--seed", str(seed),
+                    "--summary", str(out), "--wire", wire,
+                ],
+            )  # fmt: skip
+            assert result.returncode == 0, output(result)[-3000:]
+            s = summary(out)
+            assert s["wire"] == wire
+            accuracy[wire].append(s["final_accuracy"])
+    median = {wire: statistics.median(got) for wire, got in accuracy.items()}
+    # what users rely on is that bf16 costs no more than the stated 3
+    # points, so the check is one-sided
+    assert min(accuracy["bf16"]) >= 0.9, accuracy
+    assert median["bf16"] >= median["fp32"] - 0.03, accuracy
 
 
 @pytest.mark.mpi(ranks=4, timeout=180)
