@@ -1,0 +1,13 @@
+"""Model parallelism inside a group: stages, their partition and schedule.
+
+A pipelined group holds consecutive stages of one model replica on its
+ranks (Ling et al., IEEE TPDS 2024): :mod:`.schedule` orders each stage's
+micro-batches (1F1B or GPipe), :mod:`.partition` chooses the stage
+boundaries from per-layer compute, each rank's speed, activation sizes and
+the link, and :mod:`.stage` runs one rank's stage over MPI point-to-point
+through hybridagg's polled waits.
+"""
+
+from .schedule import SCHEDULES, Action, schedule
+
+__all__ = ["SCHEDULES", "Action", "schedule"]
