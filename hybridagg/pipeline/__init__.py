@@ -9,5 +9,23 @@ through hybridagg's polled waits.
 """
 
 from .schedule import SCHEDULES, Action, schedule
+from .stage import (
+    PipelineStage,
+    StagePace,
+    StepTimes,
+    micro_sizes,
+    model_layers,
+    split_layers,
+)
 
-__all__ = ["SCHEDULES", "Action", "schedule"]
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "PipelineStage",
+    "StagePace",
+    "StepTimes",
+    "micro_sizes",
+    "model_layers",
+    "schedule",
+    "split_layers",
+]

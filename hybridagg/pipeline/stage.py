@@ -1,0 +1,422 @@
+"""One rank's stage of a pipelined group, run over MPI point-to-point.
+
+The ranks of a pipelined group hold consecutive stages of one model replica,
+in rank order on the group's communicator. Stage 0 takes the batch; it cuts
+it into micro-batches (sizes as ``torch.tensor_split``, so a batch that does
+not divide evenly is served); each micro-batch's activation goes forward to
+the next stage, and the gradient of that activation comes back, in the order
+of :func:`~hybridagg.pipeline.schedule.schedule`. The last stage computes the
+loss of each micro-batch weighted by its share of the batch, so the
+micro-batches' gradients sum to the batch's mean gradient, as one pass over
+the whole batch gives (up to rounding).
+
+Sends are posted and not waited for (a stage goes on computing while its
+output travels); a receive is posted when an action needs its input and
+completed through the communicator's polled wait, so a stage waiting for a
+slower neighbour sleeps instead of spinning a core, and a neighbour that
+never sends ends in a timeout naming the stage and the micro-batch, not a
+hang. Messages between two neighbours never overtake each other (MPI's
+ordering on one communicator and tag), which is why each kind of message has
+one tag.
+
+Per batch, stage 0 broadcasts the batch's size and micro-batch count, and
+sends the labels to the last stage. Per-sample activation shapes and dtypes
+are agreed once, at construction, by passing one sample's worth through
+the stages.
+
+Emulated compute (:class:`StagePace`): a stage may stretch each forward and
+backward to an emulated per-sample time, sleeping (not spinning) until the
+deadline while testing its sends in flight.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from ..comm import Comm
+from .schedule import schedule
+
+__all__ = [
+    "PipelineStage",
+    "StagePace",
+    "StepTimes",
+    "micro_sizes",
+    "model_layers",
+    "split_layers",
+]
+
+_ACTIVATION, _GRADIENT, _LABELS = 31, 32, 33  # tags: one per kind of message
+_PROGRESS_SLICE = 0.001  # seconds between tests of the sends while pacing
+
+
+def micro_sizes(samples: int, micro_batches: int) -> list[int]:
+    """How ``samples`` split into at most ``micro_batches`` micro-batches.
+
+    As ``torch.tensor_split`` (the same rule as the step's backward passes,
+    :func:`hybridagg.train.worker.step.pass_sizes`): sizes differ by at
+    most one, larger first; never an empty micro-batch.
+    """
+    k = min(samples, micro_batches)
+    if k <= 0:
+        return []
+    base, extra = divmod(samples, k)
+    return [base + 1] * extra + [base] * (k - extra)
+
+
+def model_layers(model: nn.Module) -> list[nn.Module]:
+    """The model as a sequence of layers that pipeline stages can cut.
+
+    An ``nn.Sequential`` is its children; any other model must say how it
+    is cut, with a ``pipeline_layers()`` method returning modules that share
+    its parameters and, applied in order, compute its forward.
+
+    Raises:
+        TypeError: The model is neither.
+    """
+    if isinstance(model, nn.Sequential):
+        return list(model.children())
+    layers = getattr(model, "pipeline_layers", None)
+    if callable(layers):
+        return list(layers())
+    raise TypeError(
+        f"a pipelined group needs an nn.Sequential model or one with a "
+        f"pipeline_layers() method; {type(model).__name__} has neither"
+    )
+
+
+def split_layers(
+    layers: Sequence[nn.Module], bounds: Sequence[int]
+) -> list[nn.Sequential]:
+    """Cut ``layers`` at ``bounds`` (``S + 1`` cut points) into ``S`` stages.
+
+    Raises:
+        ValueError: The bounds do not start at 0, end at ``len(layers)`` and
+            increase strictly (every stage holds a layer).
+    """
+    b = list(bounds)
+    if (
+        len(b) < 2
+        or b[0] != 0
+        or b[-1] != len(layers)
+        or any(x >= y for x, y in pairwise(b))
+    ):
+        raise ValueError(
+            f"stage bounds must increase strictly from 0 to {len(layers)} "
+            f"(the model's layers), got {b}"
+        )
+    return [nn.Sequential(*layers[i:j]) for i, j in pairwise(b)]
+
+
+@dataclass(frozen=True)
+class StagePace:
+    """Emulated compute of one stage on its rank: seconds per sample.
+
+    A forward of ``m`` samples lasts at least ``m x forward_s`` and a
+    backward ``m x backward_s``; real compute counts toward it.
+    """
+
+    forward_s: float
+    backward_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"StagePace.{name} must be >= 0, got {v!r}")
+
+
+@dataclass
+class StepTimes:
+    """Where one batch's time went on one stage, in seconds."""
+
+    compute_s: float = 0.0
+    """real forward and backward"""
+    pace_s: float = 0.0
+    """slept to the emulated compute"""
+    wait_s: float = 0.0
+    """waiting for a neighbour's activation, gradient or the labels"""
+    wall_s: float = 0.0
+    """the whole batch on this stage"""
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """What crosses a stage boundary per sample: shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def differentiable(self) -> bool:
+        return self.dtype.is_floating_point or self.dtype.is_complex
+
+
+class PipelineStage:
+    """Runs one rank's stage of a pipelined group (see the module).
+
+    Construction is collective over ``comm``: the stages agree on the
+    shapes of what crosses each boundary.
+
+    Args:
+        module: This rank's layers.
+        comm: The group's communicator; its rank ``k`` holds stage ``k``.
+        sample: Stage 0 only (``None`` elsewhere): one input, with its batch
+            dimension (``(1, ...)``), for the shapes.
+        loss: The last stage's loss, ``loss(output, labels)`` (a mean over
+            the micro-batch).
+        schedule: ``"1f1b"`` or ``"gpipe"``.
+        pace: Emulated compute of this stage on this rank (``None``: none).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        comm: Comm,
+        *,
+        sample: torch.Tensor | None = None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        schedule: str = "1f1b",
+        pace: StagePace | None = None,
+    ) -> None:
+        self.module, self.comm = module, comm
+        self.stage, self.stages = comm.rank, comm.size
+        self.first, self.last = self.stage == 0, self.stage == self.stages - 1
+        if self.first != (sample is not None):
+            raise ValueError(
+                "PipelineStage: stage 0, and only stage 0, takes a sample "
+                f"(stage {self.stage} of {self.stages} got "
+                f"{'one' if sample is not None else 'none'})"
+            )
+        if self.last and loss is None:
+            raise ValueError("PipelineStage: the last stage needs a loss")
+        self.loss = loss
+        self.schedule_name = schedule
+        self.pace = pace
+        self._sends: list = []
+        self._held: list = []  # buffers of the sends in flight
+        self.input, self.output = self._agree_shapes(sample)
+
+    # --- set-up ---------------------------------------------------------------
+    def _agree_shapes(self, sample: torch.Tensor | None) -> tuple[_Boundary, _Boundary]:
+        """Pass one sample's shapes through the stages, stage by stage."""
+        comm, k = self.comm, self.stage
+        if self.first:
+            inp = _Boundary(tuple(sample.shape[1:]), sample.dtype)
+        else:
+            inp = comm.recv(k - 1, _ACTIVATION, what=f"stage {k}'s input shape")
+        probe = sample if self.first else torch.zeros((1, *inp.shape), dtype=inp.dtype)
+        training = self.module.training
+        self.module.eval()  # one sample: no batch statistics, no dropout
+        try:
+            with torch.no_grad():
+                out = self.module(probe)
+        finally:
+            self.module.train(training)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"pipeline stage {k}'s layers return {type(out).__name__}; a "
+                "stage must return one tensor"
+            )
+        output = _Boundary(tuple(out.shape[1:]), out.dtype)
+        if not self.last:
+            req, keep = comm.isend(output, k + 1, _ACTIVATION)
+            comm.wait(req, f"stage {k}'s output shape")
+            del keep
+        return inp, output
+
+    # --- one batch ------------------------------------------------------------
+    def step(
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor] | None,
+        micro_batches: int,
+        *,
+        keep_outputs: bool = False,
+    ) -> tuple[float | None, torch.Tensor | None, StepTimes]:
+        """One batch's forward and backward through the pipeline.
+
+        The parameters' ``.grad`` accumulate the batch's mean gradient (call
+        ``zero_grad`` before). Collective over the group.
+
+        Args:
+            batch: Stage 0: ``(inputs, labels)`` (``None`` elsewhere). An
+                empty batch is a step with nothing to do on every stage.
+            micro_batches: Micro-batches to cut the batch into (stage 0's
+                value is used; at most one per sample).
+            keep_outputs: The last stage returns the model's outputs.
+
+        Returns:
+            ``(loss, outputs, times)``: the batch's mean loss on the last
+            stage (``None`` elsewhere or for an empty batch), the outputs
+            (last stage with ``keep_outputs``), and this stage's times.
+        """
+        t0 = time.perf_counter()
+        times = StepTimes()
+        comm, k = self.comm, self.stage
+        if self.first != (batch is not None):
+            raise ValueError(
+                f"PipelineStage.step: stage 0, and only stage 0, takes the batch "
+                f"(stage {k} got {'one' if batch is not None else 'none'})"
+            )
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+            raise TypeError(f"micro_batches must be an int, got {micro_batches!r}")
+        # [samples, micro-batches, refused]: stage 0's batch, or its refusal,
+        # which every stage then raises alike (never a stage left waiting)
+        header = np.zeros(3, dtype=np.int64)
+        err: ValueError | None = None
+        if self.first:
+            x, y = batch
+            err = self._check_batch(x, y, micro_batches)
+            header[:] = (len(x), micro_batches, err is not None)
+        comm.Bcast(header, 0, what="the pipeline's batch header")
+        if header[2]:
+            comm.check(err, what="the pipeline's batch")
+        n, m = int(header[0]), int(header[1])
+        sizes = micro_sizes(n, m)
+        if n == 0:
+            times.wall_s = time.perf_counter() - t0
+            return None, None, times
+        labels = None
+        if self.first:
+            xs = list(x.split(sizes))
+            if self.last:
+                labels = y
+            else:
+                ylab = y.contiguous()
+                self._post(
+                    comm.isend(
+                        (tuple(ylab.shape), ylab.dtype), self.stages - 1, _LABELS
+                    )
+                )
+                self._sends.append(comm.Isend(ylab, self.stages - 1, _LABELS))
+                self._keep_send(ylab)
+        if self.last and not self.first:
+            t = time.perf_counter()
+            shape, dtype = comm.recv(0, _LABELS, what="the batch's labels")
+            labels = torch.empty(shape, dtype=dtype)
+            comm.wait(comm.Irecv(labels, 0, _LABELS), "the batch's labels")
+            times.wait_s += time.perf_counter() - t
+        ys = list(labels.split(sizes)) if self.last else None
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        kept: list[torch.Tensor] = []
+        total = 0.0
+        for action in schedule(self.schedule_name, k, self.stages, len(sizes)):
+            i, size = action.micro, sizes[action.micro]
+            if action.kind == "F":
+                xin = xs[i] if self.first else self._receive_activation(i, size, times)
+                c0 = time.perf_counter()
+                out = self.module(xin)
+                if self.last:
+                    part = self.loss(out, ys[i]) * (size / n)
+                    total += float(part.detach())
+                    if keep_outputs:
+                        kept.append(out.detach())
+                    outputs[i] = part
+                else:
+                    send = out.detach().contiguous()
+                    self._sends.append(comm.Isend(send, k + 1, _ACTIVATION))
+                    outputs[i] = out
+                    self._keep_send(send)
+                self._spend(c0, size, forward=True, times=times)
+                inputs[i] = xin
+            else:
+                grad = None if self.last else self._receive_gradient(i, size, times)
+                c0 = time.perf_counter()
+                out = outputs.pop(i)
+                if grad is None:
+                    out.backward()
+                elif out.requires_grad:
+                    out.backward(grad)
+                xin = inputs.pop(i)
+                if not self.first and self.input.differentiable:
+                    g = xin.grad if xin.grad is not None else torch.zeros_like(xin)
+                    g = g.contiguous()
+                    self._sends.append(comm.Isend(g, k - 1, _GRADIENT))
+                    self._keep_send(g)
+                self._spend(c0, size, forward=False, times=times)
+        self._finish_sends(times)
+        times.wall_s = time.perf_counter() - t0
+        loss = total if self.last else None
+        return loss, (torch.cat(kept) if kept else None), times
+
+    # --- pieces -----------------------------------------------------------------
+    def _check_batch(self, x, y, micro_batches: int) -> ValueError | None:
+        """Stage 0's checks of a batch (an error to share, or ``None``)."""
+        if micro_batches < 1:
+            return ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        if tuple(x.shape[1:]) != self.input.shape or x.dtype != self.input.dtype:
+            return ValueError(
+                f"pipeline batch of {tuple(x.shape[1:])} {x.dtype} samples; the "
+                f"stages were set up for {self.input.shape} {self.input.dtype}"
+            )
+        if len(y) != len(x):
+            return ValueError(f"pipeline batch of {len(x)} inputs and {len(y)} labels")
+        return None
+
+    def _post(self, posted: tuple) -> None:
+        req, keep = posted
+        self._sends.append(req)
+        self._keep_send(keep)
+
+    def _keep_send(self, buf) -> None:
+        # a posted send's buffer must outlive the send
+        self._held.append(buf)
+
+    def _receive_activation(self, i: int, size: int, times: StepTimes) -> torch.Tensor:
+        buf = torch.empty((size, *self.input.shape), dtype=self.input.dtype)
+        t = time.perf_counter()
+        self.comm.wait(
+            self.comm.Irecv(buf, self.stage - 1, _ACTIVATION),
+            f"stage {self.stage}'s input of micro-batch {i} from stage {self.stage - 1}",
+        )
+        times.wait_s += time.perf_counter() - t
+        if self.input.differentiable:
+            buf.requires_grad_(True)
+        return buf
+
+    def _receive_gradient(
+        self, i: int, size: int, times: StepTimes
+    ) -> torch.Tensor | None:
+        if not self.output.differentiable:
+            return None
+        buf = torch.empty((size, *self.output.shape), dtype=self.output.dtype)
+        t = time.perf_counter()
+        self.comm.wait(
+            self.comm.Irecv(buf, self.stage + 1, _GRADIENT),
+            f"stage {self.stage}'s output gradient of micro-batch {i} "
+            f"from stage {self.stage + 1}",
+        )
+        times.wait_s += time.perf_counter() - t
+        return buf
+
+    def _spend(self, c0: float, size: int, *, forward: bool, times: StepTimes) -> None:
+        """Account real compute since ``c0`` and sleep to the emulated time."""
+        now = time.perf_counter()
+        times.compute_s += now - c0
+        if self.pace is None:
+            return
+        per = self.pace.forward_s if forward else self.pace.backward_s
+        deadline = c0 + per * size
+        s0 = now
+        while now < deadline:
+            time.sleep(min(_PROGRESS_SLICE, deadline - now))
+            if self._sends:
+                MPI.Request.Testall(self._sends)  # moves sends in flight
+            now = time.perf_counter()
+        times.pace_s += now - s0
+
+    def _finish_sends(self, times: StepTimes) -> None:
+        if self._sends:
+            t = time.perf_counter()
+            self.comm.wait(self._sends, f"stage {self.stage}'s sends")
+            times.wait_s += time.perf_counter() - t
+        self._sends, self._held = [], []

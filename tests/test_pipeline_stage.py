@@ -1,0 +1,183 @@
+"""A pipelined group computes what one process computes.
+
+The model has no BatchNorm and no dropout, so micro-batches change nothing
+but rounding: the last stage's outputs and every stage's gradients must
+equal a single-process model's on the same batch, at 2, 3 and 4 stages,
+with micro-batches of uneven size, under both schedules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hybridagg.pipeline import micro_sizes, model_layers, split_layers
+
+
+def _model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(10, 16),
+        nn.Tanh(),
+        nn.Linear(16, 16),
+        nn.GELU(),
+        nn.Linear(16, 12),
+        nn.LayerNorm(12),
+        nn.Linear(12, 5),
+    ).double()
+
+
+def _bounds(layers: int, stages: int) -> list[int]:
+    # uneven on purpose: the first stage holds one layer
+    inner = [1] + [1 + (layers - 1) * k // (stages - 1) for k in range(1, stages - 1)]
+    return [0, *inner[: stages - 1], layers] if stages > 1 else [0, layers]
+
+
+def test_micro_sizes_split_like_tensor_split():
+    for n in range(0, 20):
+        for m in range(1, 7):
+            want = (
+                [len(p) for p in torch.arange(n).tensor_split(min(n, m))] if n else []
+            )
+            assert micro_sizes(n, m) == want
+
+
+def test_split_layers_checks_bounds_and_model_layers_names_the_model():
+    layers = model_layers(_model())
+    assert [len(s) for s in split_layers(layers, [0, 1, 4, 7])] == [1, 3, 3]
+    for bad in ([0, 7, 7], [1, 7], [0, 3, 6], [0]):
+        with pytest.raises(ValueError, match="stage bounds"):
+            split_layers(layers, bad)
+
+    class Plain(nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="Plain has neither"):
+        model_layers(Plain())
+
+
+@pytest.mark.mpi(ranks=[2, 3, 4], timeout=120)
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_pipelined_outputs_and_gradients_equal_one_process(mpi_ranks, name):
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import PipelineStage
+
+    comm = Comm(name="pipeline-test")
+    reference = _model()
+    layers = model_layers(_model())
+    bounds = _bounds(len(layers), comm.size)
+    stage_module = split_layers(layers, bounds)[comm.rank]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(11, 10, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (11,), generator=g)
+    stage = PipelineStage(
+        stage_module,
+        comm,
+        sample=x[:1] if comm.rank == 0 else None,
+        loss=nn.functional.cross_entropy,
+        schedule=name,
+    )
+    for micro in (4, 3, 11, 1):  # 3,3,3,2 / 4,4,3 / ones / whole
+        reference.zero_grad()
+        want_out = reference(x)
+        want_loss = nn.functional.cross_entropy(want_out, y)
+        want_loss.backward()
+        stage_module.zero_grad()
+        loss, out, times = stage.step(
+            (x, y) if comm.rank == 0 else None, micro, keep_outputs=True
+        )
+        if comm.rank == comm.size - 1:
+            torch.testing.assert_close(out, want_out.detach(), rtol=1e-12, atol=1e-12)
+            assert loss == pytest.approx(float(want_loss), rel=1e-12)
+        else:
+            assert loss is None and out is None
+        ref_layers = list(reference.children())[
+            bounds[comm.rank] : bounds[comm.rank + 1]
+        ]
+        ref_params = [p for m in ref_layers for p in m.parameters()]
+        mine = list(stage_module.parameters())
+        assert len(mine) == len(ref_params)
+        for p, q in zip(mine, ref_params, strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12)
+        assert times.wall_s >= times.compute_s >= 0
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=120)
+def test_pipeline_with_integer_input_and_emulated_compute(mpi_ranks):
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import PipelineStage, StagePace
+
+    comm = Comm(name="pipeline-int")
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Embedding(20, 8),
+        nn.Flatten(),
+        nn.Linear(24, 16),
+        nn.ReLU(),
+        nn.Linear(16, 4),
+    )
+    layers = model_layers(model)
+    bounds = [0, 2, 5] if comm.size == 2 else [0, 1, 3, 5]
+    mine = split_layers(layers, bounds)[comm.rank]
+    x = torch.randint(0, 20, (7, 3))
+    y = torch.randint(0, 4, (7,))
+    pace = StagePace(forward_s=0.002, backward_s=0.004)
+    stage = PipelineStage(
+        mine,
+        comm,
+        sample=x[:1] if comm.rank == 0 else None,
+        loss=nn.functional.cross_entropy,
+        pace=pace,
+    )
+    model.zero_grad()
+    loss, _, times = stage.step((x, y) if comm.rank == 0 else None, 3)
+    # each stage spends at least its emulated compute: 7 samples x 6 ms
+    assert times.compute_s + times.pace_s >= 7 * 0.006 * 0.99
+    want = nn.functional.cross_entropy(model(x), y)
+    if comm.rank == comm.size - 1:
+        assert loss == pytest.approx(float(want), rel=1e-6)
+    ref = {id(p): p.grad.clone() for p in mine.parameters()}
+    model.zero_grad()
+    want.backward()
+    for p in mine.parameters():
+        torch.testing.assert_close(ref[id(p)], p.grad, rtol=1e-5, atol=1e-6)
+    # an empty batch is a step with nothing to do, on every stage
+    empty = (x[:0], y[:0]) if comm.rank == 0 else None
+    assert stage.step(empty, 2)[0] is None
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=3, timeout=60)
+def test_a_bad_batch_is_the_same_error_on_every_stage():
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import PipelineStage
+
+    comm = Comm(name="pipeline-bad")
+    layers = model_layers(_model())
+    mine = split_layers(layers, [0, 3, 5, 7])[comm.rank]
+    x = torch.randn(4, 10, dtype=torch.float64)
+    y = torch.zeros(4, dtype=torch.long)
+    stage = PipelineStage(
+        mine,
+        comm,
+        sample=x[:1] if comm.rank == 0 else None,
+        loss=nn.functional.cross_entropy,
+    )
+    with pytest.raises(ValueError, match="stage 0, and only stage 0"):
+        stage.step(None if comm.rank == 0 else (x, y), 2)
+    cases = [
+        ((x.float(), y), 2, "set up for \\(10,\\) torch.float64"),
+        ((x[:, :9], y), 2, "set up for"),
+        ((x, y[:3]), 2, "4 inputs and 3 labels"),
+        ((x, y), 0, "micro_batches must be >= 1"),
+    ]
+    for batch, micro, message in cases:
+        with pytest.raises(ValueError, match=message):
+            stage.step(batch if comm.rank == 0 else None, micro)
+    # and the stages go on together after a refused batch
+    loss, _, _ = stage.step((x, y) if comm.rank == 0 else None, 2)
+    assert (loss is not None) == (comm.rank == comm.size - 1)
+    comm.free()
