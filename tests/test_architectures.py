@@ -239,3 +239,20 @@ def test_a_twin_without_a_classifier_head_keeps_fixed_logits():
     assert _classifier(ref, 4) is None
     no_bias = torch.nn.Sequential(torch.nn.Linear(8, 5, bias=False))
     assert _classifier(no_bias, 5) == ("0_weight", None, 8)
+
+
+def test_gpt2_pipeline_layers_compute_its_forward_and_share_its_parameters():
+    from hybridagg.pipeline import model_layers
+    from hybridagg.train.architectures import GPT2
+
+    torch.manual_seed(0)
+    model = GPT2((64,), 10, n_layer=3)
+    layers = model_layers(model)
+    assert len(layers) == 5  # embedding, three blocks, head
+    x = torch.randn(4, 64)
+    h = x
+    for layer in layers:
+        h = layer(h)
+    torch.testing.assert_close(h, model(x), rtol=0, atol=0)
+    shared = {id(p) for layer in layers for p in layer.parameters()}
+    assert shared == {id(p) for p in model.parameters()}

@@ -280,14 +280,50 @@ class GPT2(nn.Module):
                 nn.init.normal_(p, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(len(x), -1)
-        flat = F.pad(flat, (0, self.tokens * self.patch - flat.shape[1]))
-        seq = flat.view(len(x), self.tokens, self.patch)
-        pos = torch.arange(self.tokens, device=x.device)
-        h = self.transformer.wte(seq) + self.transformer.wpe(pos)
+        h = _embed(self, x)
         for block in self.transformer.h:
             h = block(h)
         return self.head(self.transformer.ln_f(h)[:, -1])
+
+    def pipeline_layers(self) -> list[nn.Module]:
+        """The decoder as layers a pipelined group cuts into stages: the
+        embedding, each block, and the head (final norm and classifier);
+        they share this model's parameters."""
+        return [_Embedding(self), *self.transformer.h, _Head(self)]
+
+
+def _embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # (a GPT2 or its _Embedding: both carry patch, tokens, wte and wpe)
+    flat = x.reshape(len(x), -1)
+    flat = F.pad(flat, (0, model.tokens * model.patch - flat.shape[1]))
+    seq = flat.view(len(x), model.tokens, model.patch)
+    pos = torch.arange(model.tokens, device=x.device)
+    return model.transformer.wte(seq) + model.transformer.wpe(pos)
+
+
+class _Embedding(nn.Module):
+    """:class:`GPT2`'s first pipeline layer (its ``wte`` and ``wpe``)."""
+
+    def __init__(self, model: GPT2) -> None:
+        super().__init__()
+        self.patch, self.tokens = model.patch, model.tokens
+        self.transformer = nn.ModuleDict(
+            {"wte": model.transformer.wte, "wpe": model.transformer.wpe}
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _embed(self, x)
+
+
+class _Head(nn.Module):
+    """:class:`GPT2`'s last pipeline layer (``ln_f`` and ``head`` on the last token)."""
+
+    def __init__(self, model: GPT2) -> None:
+        super().__init__()
+        self.ln_f, self.head = model.transformer.ln_f, model.head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(h)[:, -1])
 
 
 def gpt2(sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
