@@ -181,3 +181,58 @@ def test_a_bad_batch_is_the_same_error_on_every_stage():
     loss, _, _ = stage.step((x, y) if comm.rank == 0 else None, 2)
     assert (loss is not None) == (comm.rank == comm.size - 1)
     comm.free()
+
+
+def test_segments_are_the_union_of_every_groups_cuts():
+    from hybridagg.pipeline import holders, segments
+
+    bounds = [[0, 2, 7], [0, 7], [0, 1, 4, 7]]
+    assert segments(bounds) == [(0, 1), (1, 2), (2, 4), (4, 7)]
+    groups = [[0, 1], [2], [3, 4, 5]]
+    assert holders(groups, bounds, (1, 2)) == [0, 2, 4]
+    assert holders(groups, bounds, (4, 7)) == [1, 2, 5]
+    with pytest.raises(ValueError, match="different depths"):
+        segments([[0, 3], [0, 2, 4]])
+
+
+@pytest.mark.mpi(ranks=[3, 4], timeout=120)
+def test_groups_cut_differently_reduce_to_the_whole_batchs_gradient(mpi_ranks):
+    """Data parallel across pipelined groups: uneven shares, different cuts."""
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import CrossGroupReducer, PipelineStage
+
+    world = Comm(name="cross-groups")
+    if world.size == 3:
+        groups, bounds, shares = [[0], [1, 2]], [[0, 7], [0, 4, 7]], [4, 9]
+    else:
+        groups, bounds, shares = [[0, 1], [2, 3]], [[0, 2, 7], [0, 5, 7]], [10, 3]
+    g = next(i for i, r in enumerate(groups) if world.rank in r)
+    k = groups[g].index(world.rank)
+    layers = model_layers(_model())
+    mine = split_layers(layers, bounds[g])[k]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(sum(shares), 10, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 5, (sum(shares),), generator=gen)
+    lo = sum(shares[:g])
+    xg, yg = x[lo : lo + shares[g]], y[lo : lo + shares[g]]
+    group = world.split(g, k, name="group")
+    stage = PipelineStage(
+        mine,
+        group,
+        sample=xg[:1] if k == 0 else None,
+        loss=nn.functional.cross_entropy,
+    )
+    reducer = CrossGroupReducer(world, groups, bounds, layers)
+    mine.zero_grad()
+    stage.step((xg, yg) if k == 0 else None, 3)
+    reducer.allreduce(shares[g] / sum(shares))
+    reference = _model()
+    nn.functional.cross_entropy(reference(x), y).backward()
+    ref = list(reference.children())[bounds[g][k] : bounds[g][k + 1]]
+    for p, q in zip(
+        mine.parameters(), [p for m in ref for p in m.parameters()], strict=True
+    ):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12)
+    reducer.free()
+    group.free()
+    world.free()

@@ -8,6 +8,7 @@ the link, and :mod:`.stage` runs one rank's stage over MPI point-to-point
 through hybridagg's polled waits.
 """
 
+from .crossgroup import CrossGroupReducer, holders, segments
 from .schedule import SCHEDULES, Action, schedule
 from .stage import (
     PipelineStage,
@@ -21,11 +22,14 @@ from .stage import (
 __all__ = [
     "SCHEDULES",
     "Action",
+    "CrossGroupReducer",
     "PipelineStage",
     "StagePace",
     "StepTimes",
+    "holders",
     "micro_sizes",
     "model_layers",
     "schedule",
+    "segments",
     "split_layers",
 ]

@@ -26,7 +26,11 @@ the stages.
 
 Emulated compute (:class:`StagePace`): a stage may stretch each forward and
 backward to an emulated per-sample time, sleeping (not spinning) until the
-deadline while testing its sends in flight.
+deadline while testing its sends in flight. Emulated links (``links``): a
+message from a neighbour over a link slower than this machine's memory
+costs the receiver the link's time once it has arrived (the transfer starts
+when both ends are ready and occupies the receiver: the cost model of
+:mod:`.partition` and :mod:`.timing`).
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class StepTimes:
     """slept to the emulated compute"""
     wait_s: float = 0.0
     """waiting for a neighbour's activation, gradient or the labels"""
+    link_s: float = 0.0
+    """slept to emulated links"""
     wall_s: float = 0.0
     """the whole batch on this stage"""
 
@@ -175,6 +181,9 @@ class PipelineStage:
             the micro-batch).
         schedule: ``"1f1b"`` or ``"gpipe"``.
         pace: Emulated compute of this stage on this rank (``None``: none).
+        links: Emulated links to the previous and the next stage (``None``:
+            this machine's own), each with a ``seconds(nbytes)`` method
+            (:class:`~hybridagg.pipeline.partition.Link`).
     """
 
     def __init__(
@@ -186,8 +195,10 @@ class PipelineStage:
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         schedule: str = "1f1b",
         pace: StagePace | None = None,
+        links: tuple[object | None, object | None] = (None, None),
     ) -> None:
         self.module, self.comm = module, comm
+        self.links = links
         self.stage, self.stages = comm.rank, comm.size
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
         if self.first != (sample is not None):
@@ -379,6 +390,7 @@ class PipelineStage:
             f"stage {self.stage}'s input of micro-batch {i} from stage {self.stage - 1}",
         )
         times.wait_s += time.perf_counter() - t
+        self._link(self.links[0], buf, times)
         if self.input.differentiable:
             buf.requires_grad_(True)
         return buf
@@ -396,7 +408,23 @@ class PipelineStage:
             f"from stage {self.stage + 1}",
         )
         times.wait_s += time.perf_counter() - t
+        self._link(self.links[1], buf, times)
         return buf
+
+    def _link(self, link, buf: torch.Tensor, times: StepTimes) -> None:
+        """Sleep the emulated link's time of a message that has arrived."""
+        if link is not None:
+            t = time.perf_counter()
+            self._sleep_until(t + link.seconds(buf.numel() * buf.element_size()))
+            times.link_s += time.perf_counter() - t
+
+    def _sleep_until(self, deadline: float) -> None:
+        now = time.perf_counter()
+        while now < deadline:
+            time.sleep(min(_PROGRESS_SLICE, deadline - now))
+            if self._sends:
+                MPI.Request.Testall(self._sends)  # moves sends in flight
+            now = time.perf_counter()
 
     def _spend(self, c0: float, size: int, *, forward: bool, times: StepTimes) -> None:
         """Account real compute since ``c0`` and sleep to the emulated time."""
@@ -405,14 +433,8 @@ class PipelineStage:
         if self.pace is None:
             return
         per = self.pace.forward_s if forward else self.pace.backward_s
-        deadline = c0 + per * size
-        s0 = now
-        while now < deadline:
-            time.sleep(min(_PROGRESS_SLICE, deadline - now))
-            if self._sends:
-                MPI.Request.Testall(self._sends)  # moves sends in flight
-            now = time.perf_counter()
-        times.pace_s += now - s0
+        self._sleep_until(c0 + per * size)
+        times.pace_s += time.perf_counter() - now
 
     def _finish_sends(self, times: StepTimes) -> None:
         if self._sends:
