@@ -21,6 +21,12 @@ its input. The model is the one :mod:`.partition` optimises:
 So a stage spends, per micro-batch, its compute plus the forward message
 of its incoming boundary and the gradient message of its outgoing one: the
 ``T_k`` whose largest value :func:`.partition.best_partition` minimises.
+No schedule beats ``M x max_k T_k`` for ``M`` micro-batches, and 1F1B
+reaches it in the steady state: its bottleneck stage holds enough
+micro-batches in flight to stay busy. GPipe runs all forwards, then all
+backwards, so its cycle is the slowest forward share plus the slowest
+backward share, more than ``max_k T_k`` when the messages load the stages
+differently in the two directions.
 """
 
 from __future__ import annotations
