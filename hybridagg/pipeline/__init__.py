@@ -9,27 +9,48 @@ through hybridagg's polled waits.
 """
 
 from .crossgroup import CrossGroupReducer, holders, segments
+from .partition import (
+    Link,
+    Partition,
+    analytic_cut,
+    best_partition,
+    brute_force_partition,
+    continuous_bottleneck,
+    even_partition,
+    stage_times,
+    timing_inputs,
+)
 from .schedule import SCHEDULES, Action, schedule
 from .stage import (
     PipelineStage,
     StagePace,
     StepTimes,
-    micro_sizes,
     model_layers,
     split_layers,
 )
+from .timing import batch_time, micro_sizes
 
 __all__ = [
     "SCHEDULES",
     "Action",
     "CrossGroupReducer",
+    "Link",
+    "Partition",
     "PipelineStage",
     "StagePace",
     "StepTimes",
+    "analytic_cut",
+    "batch_time",
+    "best_partition",
+    "brute_force_partition",
+    "continuous_bottleneck",
+    "even_partition",
     "holders",
     "micro_sizes",
     "model_layers",
     "schedule",
     "segments",
     "split_layers",
+    "stage_times",
+    "timing_inputs",
 ]

@@ -48,32 +48,18 @@ from torch import nn
 
 from ..comm import Comm
 from .schedule import schedule
+from .timing import micro_sizes
 
 __all__ = [
     "PipelineStage",
     "StagePace",
     "StepTimes",
-    "micro_sizes",
     "model_layers",
     "split_layers",
 ]
 
 _ACTIVATION, _GRADIENT, _LABELS = 31, 32, 33  # tags: one per kind of message
 _PROGRESS_SLICE = 0.001  # seconds between tests of the sends while pacing
-
-
-def micro_sizes(samples: int, micro_batches: int) -> list[int]:
-    """How ``samples`` split into at most ``micro_batches`` micro-batches.
-
-    As ``torch.tensor_split`` (the same rule as the step's backward passes,
-    :func:`hybridagg.train.worker.step.pass_sizes`): sizes differ by at
-    most one, larger first; never an empty micro-batch.
-    """
-    k = min(samples, micro_batches)
-    if k <= 0:
-        return []
-    base, extra = divmod(samples, k)
-    return [base + 1] * extra + [base] * (k - extra)
 
 
 def model_layers(model: nn.Module) -> list[nn.Module]:
