@@ -208,7 +208,7 @@ class CostController:
         return self._budget
 
     @property
-    def V(self) -> float:  # noqa: N802 - the penalty weight's name in the literature
+    def V(self) -> float:
         """The penalty weight."""
         return self._v
 
