@@ -108,6 +108,38 @@ def test_floor_and_ceiling_in_one_split_find_the_common_level():
     assert affine_time(slopes, zeros, shares) == pytest.approx(3.0)
 
 
+def test_affine_shares_within_random_bounds_sit_at_the_water_level():
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(1, 6)
+        slopes = [rng.uniform(1e-3, 1e-1) for _ in range(n)]
+        intercepts = [rng.choice([0.0, rng.uniform(0.0, 5.0)]) for _ in range(n)]
+        lows = [rng.randint(0, 20) for _ in range(n)]
+        highs = [lo + rng.randint(0, 200) for lo in lows]
+        total = rng.randint(sum(lows), sum(highs))
+        shares = affine_shares(slopes, intercepts, total, low=lows, high=highs)
+        assert sum(shares) == total
+        assert all(lo <= b <= hi for lo, b, hi in zip(lows, shares, highs, strict=True))
+
+        # the level by bisection on the clipped real shares
+        def filled(t, lows=lows, highs=highs, slopes=slopes, intercepts=intercepts):
+            return sum(
+                min(max((t - c) / a, lo), hi)
+                for a, c, lo, hi in zip(slopes, intercepts, lows, highs, strict=True)
+            )
+
+        lo_t, hi_t = -1e3, 1e4
+        for _ in range(200):
+            mid = (lo_t + hi_t) / 2
+            lo_t, hi_t = (mid, hi_t) if filled(mid) < total else (lo_t, mid)
+        level = hi_t
+        for a, c, lo, b, hi in zip(
+            slopes, intercepts, lows, shares, highs, strict=True
+        ):
+            exact = min(max((level - c) / a, lo), hi)
+            assert abs(b - exact) < 1 + 1e-6
+
+
 def test_affine_shares_hit_the_bounds_exactly_at_their_extremes():
     assert affine_shares([0.1, 1.0], [0.0, 5.0], 10, low=5) == [5, 5]
     assert affine_shares([0.1, 1.0], [0.0, 5.0], 10, high=5) == [5, 5]

@@ -59,16 +59,20 @@ batch time is within ``O(1 / V)`` of the best mix, while the overspend is
 
 **Per batch.** Training cares about batches per second. Over a stretch
 with time fractions ``lambda_x`` the mean time *per batch* is
-``1 / sum lambda_x / t_x``, never more than the time-weighted mean, and
+``1 / (sum_x lambda_x / t_x)``, never more than the time-weighted mean, and
 its best value under the budget is :func:`best_mix`'s default
-(``weighting="batches"``). Both optima spend the whole budget on at most
-two candidates, at the same fractions when it is the same two; it is
-whenever the candidates' batches per second are concave in their cost
-(diminishing returns, each on the upper hull), since the reciprocal of a
-concave positive function is convex. Then the controller's time per
-batch also approaches the best mix's as ``V`` grows. Otherwise the
-controller pursues the time-weighted optimum, which can be a different,
-slower pair per batch; the bound above says nothing there.
+(``weighting="batches"``). Each optimum is a single candidate or two
+straddling the budget with the budget spent exactly; when both pick the
+same pair they run it at the same fractions. They pick the same pair
+whenever the candidates' batches per second lie on a concave increasing
+curve of their cost (diminishing returns), since the reciprocal of a
+concave positive function is convex, so the batch times then lie on a
+convex curve. Then the controller's time per batch also approaches the
+best mix's as ``V`` grows. Otherwise the controller pursues the
+time-weighted optimum, which can be a different pair, slower per batch,
+and the bound above says nothing about time per batch. (A penalty of
+``-V / t_x``, batches per second, would make the same argument bound
+the batches per second against :func:`best_mix`'s default instead.)
 """
 
 from __future__ import annotations
@@ -277,7 +281,7 @@ def best_mix(
     Two means of its batch time:
 
     * ``"batches"`` (default): seconds per batch, the mix's time over its
-      batches, ``1 / sum lambda_x / t_x``; minimising it maximises
+      batches, ``1 / (sum_x lambda_x / t_x)``; minimising it maximises
       batches per second;
     * ``"time"``: the time-weighted mean ``sum lambda_x t_x``, the quantity
       :class:`CostController`'s bound compares with (see the module).

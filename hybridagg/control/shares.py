@@ -164,7 +164,10 @@ def affine_shares(
 
     With every intercept zero the time is proportional to the share and
     the result is ``proportional_batches([1 / a for a in slopes], total)``
-    with the same bounds. With ``low=0`` a group whose fixed cost alone
+    with the same bounds, except where a floor and a ceiling both bind:
+    this solve finds the level where the clipped shares sum to ``total``,
+    while clipping every offender in one round, as that function does, can
+    leave a group at its floor below the level. With ``low=0`` a group whose fixed cost alone
     exceeds the level gets nothing, since any share would make it the
     slowest.
 
