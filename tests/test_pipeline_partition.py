@@ -427,3 +427,49 @@ def test_speed_aware_cut_against_even_on_two_stages():
 def test_batch_time_refuses_bad_input(args, error, match):
     with pytest.raises(error, match=match):
         batch_time(*args)
+
+
+def test_memory_limits_agree_with_brute_force_and_refuse_when_nothing_fits():
+    import random
+
+    from hybridagg.pipeline import Link, best_partition, brute_force_partition
+
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(300):
+        layers = rng.randint(2, 9)
+        stages = rng.randint(1, min(layers, 4))
+        seconds = [rng.uniform(0, 2) for _ in range(layers)]
+        speeds = [rng.uniform(0.2, 2) for _ in range(stages)]
+        acts = [rng.uniform(0, 5) for _ in range(layers - 1)]
+        need = [rng.uniform(1, 4) for _ in range(layers)]
+        memory = [rng.choice([None, rng.uniform(2, 12)]) for _ in range(stages)]
+        args = (seconds, speeds, acts, Link(0.01, 10.0))
+        kw = {"layer_bytes": need, "memory": memory}
+        try:
+            want = brute_force_partition(*args, **kw)
+        except ValueError as exc:
+            assert "fits the ranks' memory" in str(exc)
+            with pytest.raises(ValueError, match="fits the ranks' memory"):
+                best_partition(*args, **kw)
+            continue
+        got = best_partition(*args, **kw)
+        assert got.bounds == want.bounds and got.bottleneck_s == want.bottleneck_s
+        for k in range(stages):
+            held = sum(need[i] for i in got.layers(k))
+            assert memory[k] is None or held <= memory[k]
+        checked += 1
+    assert checked > 100
+    # a memory limit moves the cut: the fast rank cannot hold 4 of 5 layers
+    free = best_partition([1.0] * 5, [1.0, 0.25], [0.0] * 4, Link())
+    tight = best_partition(
+        [1.0] * 5,
+        [1.0, 0.25],
+        [0.0] * 4,
+        Link(),
+        layer_bytes=[1.0] * 5,
+        memory=[3, None],
+    )
+    assert free.bounds == (0, 4, 5) and tight.bounds == (0, 3, 5)
+    with pytest.raises(ValueError, match="go together"):
+        best_partition([1.0] * 5, [1.0], [0.0] * 4, Link(), layer_bytes=[1.0] * 5)

@@ -170,6 +170,16 @@ class _Problem:
     activation_bytes: tuple[float, ...]
     links: tuple[Link, ...]
     micro_batch: int
+    layer_bytes: tuple[float, ...] = ()
+    """bytes each layer needs on its rank (empty: memory is not checked)"""
+    memory: tuple[float, ...] = ()
+    """bytes each stage's rank has (``inf``: no limit)"""
+
+    def fits(self, k: int, i: int, j: int) -> bool:
+        """Whether stage ``k``'s rank holds layers ``i..j-1``."""
+        if not self.layer_bytes:
+            return True
+        return _add(self.layer_bytes[i:j]) <= self.memory[k]
 
     @property
     def layers(self) -> int:
@@ -190,6 +200,8 @@ class _Problem:
         Every search calls this one function with the same sum, so a bound
         found by one is bit for bit the bound another computes.
         """
+        if not self.fits(k, i, j):
+            return math.inf  # the stage's layers do not fit its rank
         t = self.micro_batch * (compute / self.speeds[k])
         if k > 0:
             t += self.recv_seconds(k - 1, i)
@@ -219,6 +231,8 @@ def _problem(
     activation_bytes: Sequence[float],
     link: Link | Sequence[Link],
     micro_batch: int,
+    layer_bytes: Sequence[float] | None = None,
+    memory: Sequence[float | None] | None = None,
 ) -> _Problem:
     seconds = _check_numbers("layer_seconds", layer_seconds)
     if not seconds:
@@ -234,7 +248,20 @@ def _problem(
     nbytes = _check_numbers("activation_bytes", activation_bytes, len(seconds) - 1)
     links = _links(link, len(rates))
     m = _check_count("micro_batch", micro_batch, 1)
-    return _Problem(seconds, rates, nbytes, links, m)
+    if (layer_bytes is None) != (memory is None):
+        raise ValueError("layer_bytes and memory go together: pass both or neither")
+    if layer_bytes is None:
+        return _Problem(seconds, rates, nbytes, links, m)
+    need = _check_numbers("layer_bytes", layer_bytes, len(seconds))
+    if isinstance(memory, str | bytes) or not isinstance(memory, Sequence):
+        raise TypeError(f"memory must be a sequence of numbers or None, got {memory!r}")
+    if len(memory) != len(rates):
+        raise ValueError(f"memory must hold {len(rates)} values, got {len(memory)}")
+    have = tuple(
+        math.inf if v is None else _check_number(f"memory[{k}]", v, positive=True)
+        for k, v in enumerate(memory)
+    )
+    return _Problem(seconds, rates, nbytes, links, m, need, have)
 
 
 def _check_bounds(bounds: object, layers: int, stages: int) -> tuple[int, ...]:
@@ -316,6 +343,14 @@ def _segment_sums(seconds: tuple[float, ...]) -> list[list[float]]:
     return sums
 
 
+def _refuse_memory(problem: _Problem) -> None:
+    """Raise: no partition fits (only memory makes a stage cost infinite)."""
+    raise ValueError(
+        f"no cut of {problem.layers} layers into {problem.stages} stages fits "
+        f"the ranks' memory ({', '.join(f'{m:.4g}' for m in problem.memory)} bytes)"
+    )
+
+
 def _search(problem: _Problem) -> Partition:
     n, stages = problem.layers, problem.stages
     sums = _segment_sums(problem.layer_seconds)
@@ -333,6 +368,8 @@ def _search(problem: _Problem) -> Partition:
                 for j in range(i + 1, n - (stages - k - 1) + 1)
             )
     best = rest[0][0]
+    if math.isinf(best):
+        _refuse_memory(problem)
     # the smallest cut that still reaches the best bottleneck, stage by
     # stage, gives the lexicographically smallest optimal bounds
     bounds = [0]
@@ -354,6 +391,9 @@ def best_partition(
     activation_bytes: Sequence[float],
     link: Link | Sequence[Link],
     micro_batch: int = 1,
+    *,
+    layer_bytes: Sequence[float] | None = None,
+    memory: Sequence[float | None] | None = None,
 ) -> Partition:
     """The bounds with the smallest bottleneck, by an exact dynamic program.
 
@@ -367,12 +407,20 @@ def best_partition(
         activation_bytes: As :func:`stage_times`.
         link: As :func:`stage_times`.
         micro_batch: As :func:`stage_times`.
+        layer_bytes: Bytes each layer needs on the rank that holds it
+            (weights, gradients, optimizer state, activations in flight);
+            with ``memory``, a stage whose layers exceed its rank's memory
+            is not a candidate.
+        memory: Bytes of each stage's rank (``None``: no limit).
 
     Raises:
         TypeError: As :func:`stage_times`.
-        ValueError: As :func:`stage_times`.
+        ValueError: As :func:`stage_times`, or no partition fits the memory.
     """
-    return _search(_problem(layer_seconds, speeds, activation_bytes, link, micro_batch))
+    problem = _problem(
+        layer_seconds, speeds, activation_bytes, link, micro_batch, layer_bytes, memory
+    )
+    return _search(problem)
 
 
 def brute_force_partition(
@@ -381,6 +429,9 @@ def brute_force_partition(
     activation_bytes: Sequence[float],
     link: Link | Sequence[Link],
     micro_batch: int = 1,
+    *,
+    layer_bytes: Sequence[float] | None = None,
+    memory: Sequence[float | None] | None = None,
 ) -> Partition:
     """:func:`best_partition` by trying every set of cut points (a check).
 
@@ -390,13 +441,17 @@ def brute_force_partition(
         activation_bytes: As :func:`stage_times`.
         link: As :func:`stage_times`.
         micro_batch: As :func:`stage_times`.
+        layer_bytes: As :func:`best_partition`.
+        memory: As :func:`best_partition`.
 
     Raises:
         TypeError: As :func:`stage_times`.
         ValueError: As :func:`stage_times`, or more than 20 layers (the
             combinations grow exponentially).
     """
-    problem = _problem(layer_seconds, speeds, activation_bytes, link, micro_batch)
+    problem = _problem(
+        layer_seconds, speeds, activation_bytes, link, micro_batch, layer_bytes, memory
+    )
     if problem.layers > BRUTE_FORCE_MAX_LAYERS:
         raise ValueError(
             f"layer_seconds: brute force takes at most {BRUTE_FORCE_MAX_LAYERS} "
@@ -410,6 +465,8 @@ def brute_force_partition(
         if best is None or candidate.bottleneck_s < best.bottleneck_s:
             best = candidate
     assert best is not None  # S <= L leaves at least one combination
+    if math.isinf(best.bottleneck_s):
+        _refuse_memory(problem)
     return best
 
 
