@@ -473,3 +473,35 @@ def test_memory_limits_agree_with_brute_force_and_refuse_when_nothing_fits():
     assert free.bounds == (0, 4, 5) and tight.bounds == (0, 3, 5)
     with pytest.raises(ValueError, match="go together"):
         best_partition([1.0] * 5, [1.0], [0.0] * 4, Link(), layer_bytes=[1.0] * 5)
+
+
+def test_continuous_bottleneck_fills_ranks_to_their_capacity():
+    import random
+
+    from hybridagg.pipeline import continuous_bottleneck
+
+    assert continuous_bottleneck(10.0, [1.0, 0.25]) == pytest.approx(8.0)
+    # the fast rank holds at most 6 s of work: the slow one takes 4 s at 0.25
+    assert continuous_bottleneck(10.0, [1.0, 0.25], [6.0, None]) == pytest.approx(16.0)
+    # a capacity that does not bind changes nothing
+    assert continuous_bottleneck(10.0, [1.0, 0.25], [9.0, 9.0]) == pytest.approx(8.0)
+    with pytest.raises(ValueError, match="hold 5 s of work"):
+        continuous_bottleneck(10.0, [1.0, 1.0], [2.0, 3.0])
+    rng = random.Random(3)
+    for _ in range(200):  # against bisection on sum_k min(T s_k, c_k) = total
+        n = rng.randint(1, 5)
+        speeds = [rng.uniform(0.1, 2) for _ in range(n)]
+        caps = [rng.choice([None, rng.uniform(0.5, 6)]) for _ in range(n)]
+        total = rng.uniform(1, 10)
+        held = sum(math.inf if c is None else c for c in caps)
+        if held < total:
+            continue
+        lo, hi = 0.0, 1e6
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            got = sum(
+                min(mid * s, math.inf if c is None else c)
+                for s, c in zip(speeds, caps, strict=True)
+            )
+            lo, hi = (mid, hi) if got < total else (lo, mid)
+        assert continuous_bottleneck(total, speeds, caps) == pytest.approx(hi, rel=1e-9)

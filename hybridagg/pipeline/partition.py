@@ -494,25 +494,61 @@ def even_partition(layer_seconds: Sequence[float], stages: int) -> tuple[int, ..
     return best_partition(seconds, [1.0] * s, free, Link()).bounds
 
 
-def continuous_bottleneck(total_seconds: float, speeds: Sequence[float]) -> float:
+def continuous_bottleneck(
+    total_seconds: float,
+    speeds: Sequence[float],
+    capacity: Sequence[float | None] | None = None,
+) -> float:
     """The bottleneck of infinitely divisible layers over free links.
 
     Each stage gets work in proportion to its speed, so every stage takes
     ``total_seconds / sum(speeds)``: no cut of real layers does better.
+    With ``capacity`` (the most work each stage's rank can hold, in the
+    same seconds: its memory over the model's bytes per second of work),
+    a rank that would hold more is filled to its capacity and the rest is
+    shared the same way among the others (water-filling): the bottleneck
+    is the smallest ``T`` with ``sum_k min(T x speed_k, capacity_k) >=
+    total_seconds``.
 
     Args:
         total_seconds: Seconds of the whole model on a device of speed 1.
         speeds: The stages' relative speeds.
+        capacity: Each stage's most work (``None``: no limit).
 
     Raises:
         TypeError: As :func:`stage_times`.
-        ValueError: A negative total or a speed that is not positive.
+        ValueError: A negative total or a speed that is not positive, or
+            capacities that cannot hold the model together.
     """
     total = _check_number("total_seconds", total_seconds)
     rates = _check_numbers("speeds", speeds, positive=True)
     if not rates:
         raise ValueError("speeds must hold at least one stage, got none")
-    return total / sum(rates)
+    if capacity is None:
+        return total / sum(rates)
+    if isinstance(capacity, str | bytes) or not isinstance(capacity, Sequence):
+        raise TypeError(f"capacity must be a sequence, got {capacity!r}")
+    if len(capacity) != len(rates):
+        raise ValueError(f"capacity must hold {len(rates)} values, got {len(capacity)}")
+    caps = [
+        math.inf if c is None else _check_number(f"capacity[{k}]", c)
+        for k, c in enumerate(capacity)
+    ]
+    if sum(caps) < total:
+        raise ValueError(
+            f"capacity: the stages hold {sum(caps):.6g} s of work, the model "
+            f"needs {total:.6g}"
+        )
+    # fill the ranks whose capacity binds first (the smallest T at which a
+    # rank is full is cap/speed), then share the rest by speed
+    left, free = total, list(range(len(rates)))
+    for k in sorted(free, key=lambda k: caps[k] / rates[k]):
+        t = left / sum(rates[i] for i in free)
+        if caps[k] >= t * rates[k]:
+            return t
+        left -= caps[k]
+        free.remove(k)
+    return 0.0 if left <= 0 else math.inf
 
 
 def analytic_cut(speeds: Sequence[float]) -> float:
