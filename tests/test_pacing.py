@@ -69,6 +69,21 @@ def test_costs_are_each_modules_own_multiply_adds():
     assert costs == {"1": 2 * 64 * 128, "3": 2 * 128 * 64, "5": 2 * 64 * 10}
 
 
+def test_costs_inside_containers_that_are_never_called_count_once():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hybridagg.train.architectures import GPT2
+
+    model = GPT2((64,), 10, n_layer=2)  # blocks in a ModuleList, in a ModuleDict
+    costs = module_costs(model, torch.zeros(1, 64))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.eval()(torch.zeros(1, 64))
+    # every operation belongs to exactly one module: none is counted twice
+    # (once in a block, once more in the model above the uncalled containers)
+    assert sum(costs.values()) == counter.get_total_flops()
+    assert "" not in costs and "transformer.h.0.attn.c_attn" in costs
+
+
 def test_a_containers_own_work_is_not_its_childrens():
     class Block(nn.Module):
         def __init__(self) -> None:

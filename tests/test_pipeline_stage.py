@@ -102,6 +102,13 @@ def test_pipelined_outputs_and_gradients_equal_one_process(mpi_ranks, name):
         for p, q in zip(mine, ref_params, strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12)
         assert times.wall_s >= times.compute_s >= 0
+    # forward only (validation): the outputs, on the last stage
+    got = stage.infer(x if comm.rank == 0 else None, 4)
+    if comm.rank == comm.size - 1:
+        with torch.no_grad():
+            torch.testing.assert_close(got, reference(x), rtol=1e-12, atol=1e-12)
+    else:
+        assert got is None
     comm.free()
 
 
@@ -236,3 +243,20 @@ def test_groups_cut_differently_reduce_to_the_whole_batchs_gradient(mpi_ranks):
     reducer.free()
     group.free()
     world.free()
+
+
+def test_layer_costs_sum_module_costs_per_pipeline_layer():
+    from hybridagg.pipeline import layer_costs
+    from hybridagg.train.architectures import GPT2
+    from hybridagg.train.pacing import module_costs
+
+    model = GPT2((64,), 10, n_layer=3)
+    costs = module_costs(model, torch.zeros(1, 64))
+    per_layer = layer_costs(model, costs)
+    assert len(per_layer) == 5 and sum(per_layer) == pytest.approx(sum(costs.values()))
+    # the three blocks are alike; the embedding and head are cheaper
+    assert (
+        per_layer[1] == per_layer[2] == per_layer[3] > max(per_layer[0], per_layer[4])
+    )
+    with pytest.raises(ValueError, match="does not have"):
+        layer_costs(model, {"nope": 1.0})

@@ -25,6 +25,7 @@ from .stage import (
     PipelineStage,
     StagePace,
     StepTimes,
+    layer_costs,
     model_layers,
     split_layers,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "continuous_bottleneck",
     "even_partition",
     "holders",
+    "layer_costs",
     "micro_sizes",
     "model_layers",
     "schedule",

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -54,6 +54,7 @@ __all__ = [
     "PipelineStage",
     "StagePace",
     "StepTimes",
+    "layer_costs",
     "model_layers",
     "split_layers",
 ]
@@ -81,6 +82,37 @@ def model_layers(model: nn.Module) -> list[nn.Module]:
         f"a pipelined group needs an nn.Sequential model or one with a "
         f"pipeline_layers() method; {type(model).__name__} has neither"
     )
+
+
+def layer_costs(model: nn.Module, costs: Mapping[str, float]) -> list[float]:
+    """Per-module costs summed per pipeline layer (:func:`model_layers`).
+
+    Args:
+        model: The model.
+        costs: A cost (seconds, floating-point operations) per module name
+            of ``model.named_modules()``: a profile's per-layer seconds
+            (:class:`hybridagg.sim.profile.LayerCost`) or
+            :func:`hybridagg.train.pacing.module_costs`.
+
+    Raises:
+        ValueError: A named module is not in the model, or lies in no
+            pipeline layer.
+    """
+    layers = model_layers(model)
+    owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
+    modules = dict(model.named_modules())
+    out = [0.0] * len(layers)
+    for name, cost in costs.items():
+        if name not in modules:
+            raise ValueError(
+                f"layer costs name {name!r}, which the model does not have"
+            )
+        if id(modules[name]) not in owner:
+            raise ValueError(
+                f"module {name!r} lies in none of the model's pipeline layers"
+            )
+        out[owner[id(modules[name])]] += float(cost)
+    return out
 
 
 def split_layers(
@@ -258,26 +290,10 @@ class PipelineStage:
         t0 = time.perf_counter()
         times = StepTimes()
         comm, k = self.comm, self.stage
-        if self.first != (batch is not None):
-            raise ValueError(
-                f"PipelineStage.step: stage 0, and only stage 0, takes the batch "
-                f"(stage {k} got {'one' if batch is not None else 'none'})"
-            )
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
-            raise TypeError(f"micro_batches must be an int, got {micro_batches!r}")
-        # [samples, micro-batches, refused]: stage 0's batch, or its refusal,
-        # which every stage then raises alike (never a stage left waiting)
-        header = np.zeros(3, dtype=np.int64)
-        err: ValueError | None = None
-        if self.first:
-            x, y = batch
-            err = self._check_batch(x, y, micro_batches)
-            header[:] = (len(x), micro_batches, err is not None)
-        comm.Bcast(header, 0, what="the pipeline's batch header")
-        if header[2]:
-            comm.check(err, what="the pipeline's batch")
-        n, m = int(header[0]), int(header[1])
-        sizes = micro_sizes(n, m)
+        self._check_call("step", "the batch", batch, micro_batches)
+        x, y = batch if self.first else (None, None)
+        sizes = self._header(x, y, micro_batches)
+        n = sum(sizes)
         if n == 0:
             times.wall_s = time.perf_counter() - t0
             return None, None, times
@@ -345,7 +361,76 @@ class PipelineStage:
         loss = total if self.last else None
         return loss, (torch.cat(kept) if kept else None), times
 
+    def infer(
+        self, inputs: torch.Tensor | None, micro_batches: int
+    ) -> torch.Tensor | None:
+        """The model's outputs on ``inputs``, forward only (validation).
+
+        Collective over the group; the module is put in ``eval`` mode for
+        the pass and back after it.
+
+        Args:
+            inputs: Stage 0: the samples (``None`` elsewhere).
+            micro_batches: As :meth:`step`.
+
+        Returns:
+            The outputs on the last stage (``None`` elsewhere).
+        """
+        self._check_call("infer", "the inputs", inputs, micro_batches)
+        sizes = self._header(inputs, inputs, micro_batches)
+        xs = list(inputs.split(sizes)) if self.first else None
+        training = self.module.training
+        self.module.eval()
+        outs, times = [], StepTimes()
+        try:
+            with torch.no_grad():
+                for i, size in enumerate(sizes):
+                    x = (
+                        xs[i]
+                        if self.first
+                        else self._receive_activation(i, size, times)
+                    )
+                    out = self.module(x)
+                    if self.last:
+                        outs.append(out)
+                    else:
+                        send = out.contiguous()
+                        self._sends.append(
+                            self.comm.Isend(send, self.stage + 1, _ACTIVATION)
+                        )
+                        self._keep_send(send)
+        finally:
+            self.module.train(training)
+        self._finish_sends(times)
+        return torch.cat(outs) if self.last and outs else None
+
     # --- pieces -----------------------------------------------------------------
+    def _check_call(self, method: str, what: str, given: object, micro_batches) -> None:
+        """Local checks of a call, the same on every stage (before any message)."""
+        if self.first != (given is not None):
+            raise ValueError(
+                f"PipelineStage.{method}: stage 0, and only stage 0, takes {what} "
+                f"(stage {self.stage} got {'none' if given is None else 'some'})"
+            )
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+            raise TypeError(f"micro_batches must be an int, got {micro_batches!r}")
+
+    def _header(self, x, y, micro_batches: int) -> list[int]:
+        """Stage 0's batch size and micro-batches, to every stage: the sizes.
+
+        Stage 0 also sends its checks' verdict: a batch it refuses is the
+        same ``ValueError`` on every stage (never a stage left waiting).
+        """
+        header = np.zeros(3, dtype=np.int64)  # [samples, micro-batches, refused]
+        err: ValueError | None = None
+        if self.first:
+            err = self._check_batch(x, y, micro_batches)
+            header[:] = (len(x), micro_batches, err is not None)
+        self.comm.Bcast(header, 0, what="the pipeline's batch header")
+        if header[2]:
+            self.comm.check(err, what="the pipeline's batch")
+        return micro_sizes(int(header[0]), int(header[1]))
+
     def _check_batch(self, x, y, micro_batches: int) -> ValueError | None:
         """Stage 0's checks of a batch (an error to share, or ``None``)."""
         if micro_batches < 1:

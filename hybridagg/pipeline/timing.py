@@ -34,18 +34,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .partition import _check_count
 from .schedule import SCHEDULES, Action
 from .schedule import schedule as stage_actions
 
 __all__ = ["batch_time", "micro_sizes"]
-
-
-def _check_count(label: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{label} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{label} must be >= {low}, got {value}")
-    return value
 
 
 def _check_seconds(label: str, value: object) -> float:

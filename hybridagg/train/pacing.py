@@ -66,15 +66,22 @@ def module_costs(model: nn.Module, sample: torch.Tensor) -> dict[str, float]:
         for name, ops in counter.get_flop_counts().items()
         if name == root or name.startswith(root + ".")
     }
+
+    def inner(name: str, module: nn.Module) -> float:
+        # what the nearest counted descendants did: a container that is
+        # never called (ModuleList, ModuleDict) has no total of its own, and
+        # its children's work belongs to them, not to the module above it
+        done = 0.0
+        for child, sub in module.named_children():
+            path = f"{name}.{child}" if name else child
+            done += totals[path] if path in totals else inner(path, sub)
+        return done
+
     own = {}
     for name, module in model.named_modules():
         if name not in totals:
             continue
-        children = sum(
-            totals.get(f"{name}.{child}" if name else child, 0.0)
-            for child, _ in module.named_children()
-        )
-        flops = totals[name] - children
+        flops = totals[name] - inner(name, module)
         if flops > 0:
             own[name] = flops
     return own
