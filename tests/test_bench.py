@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def load(name):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 
@@ -429,3 +431,58 @@ def test_plot_writes_a_png(hetero, tmp_path):
     png = tmp_path / "hetero.png"
     hetero.plot(hetero.cells(records), str(png), 0.9)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _small_pipeline_plan(name):
+    pipeline = load("pipeline")
+    args = pipeline.argparse.Namespace(
+        batch=32, micro=4, sample_ms=2.0, layers=4, profile_width=64,
+        profile_heads=2, standin_width=16, V=[0.1], cost_budget=12.0, profile=None,
+    )  # fmt: skip
+    prof = pipeline.profile_model(args)
+    return pipeline, pipeline.plan_setting(args, name, prof)
+
+
+def test_pipeline_bench_plans_cuts_shares_and_skips_what_does_not_fit():
+    _, pairs = _small_pipeline_plan("pairs")
+    assert pairs["analytic_cut"] == pytest.approx(0.6)
+    runs = {
+        r["config"]: r["candidates"][0] for r in pairs["runs"] if "controller" not in r
+    }
+    # the fast first stage holds more layers than the slow second one
+    lo, cut, hi = runs["auto"]["bounds"][0]
+    assert cut - lo > hi - cut
+    assert runs["even"]["bounds"][0] == [0, 3, 6]
+    predicted = {k: c["predicted_batch_time_s"] for k, c in runs.items()}
+    assert predicted["best-static"] <= predicted["auto"] < predicted["even"]
+    assert sum(runs["auto"]["shares"]) == 32
+    ctl = next(r for r in pairs["runs"] if "controller" in r)
+    names = [c["name"] for c in ctl["candidates"]]
+    assert names[0] == "auto" and "park 2,3" in names
+    costs = {c["name"]: c["cost_per_hour"] for c in ctl["candidates"]}
+    assert costs["auto"] == 14.0 and costs["park 2,3"] == 8.0
+    _, mixed = _small_pipeline_plan("mixed")
+    assert not mixed["skipped"]  # a small model fits every rank
+    assert mixed["analytic_cut_per_group"][0] == pytest.approx(0.0)
+
+
+def test_pipeline_bench_runs_every_configuration_and_reprints_its_json(
+    tmp_path, capsys
+):
+    pipeline = load("pipeline")
+    out = tmp_path / "p.json"
+    argv = ["--settings", "pairs", "--layers", "4", "--profile-width", "64",
+            "--profile-heads", "2", "--standin-width", "16", "--batch", "16",
+            "--micro", "2", "--sample-ms", "1", "--steps", "2", "--warmup", "2",
+            "--V", "0.01", "--slots", "3", "--slot-steps", "1", "--json", str(out)]  # fmt: skip
+    assert pipeline.main(argv) == 0
+    recs = json.loads(out.read_text())
+    assert [r["config"] for r in recs] == [
+        "dp", "dp-adaptive", "even", "auto", "best-static", "ctl-V0.01",
+    ]  # fmt: skip
+    for r in recs:
+        assert r["batch_time_s"] > 0 and r["samples_per_sec"] > 0
+        assert r["cost_per_hour"] <= 14.0
+    printed = capsys.readouterr().out
+    assert pipeline.main(["--from-json", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == printed.strip()

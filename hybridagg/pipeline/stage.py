@@ -345,10 +345,12 @@ class PipelineStage:
                 grad = None if self.last else self._receive_gradient(i, size, times)
                 c0 = time.perf_counter()
                 out = outputs.pop(i)
-                if grad is None:
-                    out.backward()
-                elif out.requires_grad:
+                if self.last:
+                    out.backward()  # the micro-batch's weighted loss
+                elif grad is not None and out.requires_grad:
                     out.backward(grad)
+                # (an output without a gradient, as integer ids, ends the
+                # backward here: the layers before it get none)
                 xin = inputs.pop(i)
                 if not self.first and self.input.differentiable:
                     g = xin.grad if xin.grad is not None else torch.zeros_like(xin)
