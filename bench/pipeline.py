@@ -19,8 +19,9 @@ width and depth, 768 wide, 12 blocks, by default): each pipeline layer's
 share of the floating-point operations (``hybridagg.train.pacing
 .module_costs``), its parameter bytes and the bytes of its output. A rank's
 compute is emulated from it (``--sample-ms`` per sample for the whole model
-on a speed-1 rank, scaled by the rank's speed, slept layer block by layer
-block inside each stage's forward and backward), and so are the links
+on a speed-1 rank, scaled by the rank's speed: each stage sleeps its
+layers' share at its rank's speed after each micro-batch's forward and
+after its backward), and so are the links
 (the cluster file's inter-node link, slept by the receiver of every
 activation, gradient and all-reduce as if the profiled model's bytes had
 crossed it). The tensors that really move are those of a narrow stand-in
@@ -240,6 +241,13 @@ class Planner:
                 return False
         return True
 
+    def most_samples(self, group: list[int], bounds) -> int:
+        """The largest share of the global batch whose micro-batches fit."""
+        fitting = [
+            b for b in range(1, self.args.batch + 1) if self.fits(group, bounds, b)
+        ]
+        return max(fitting, default=0)
+
     def layer_bytes(self, stages: int, micro: int) -> list[float]:
         """What a layer needs on its rank: weights and gradients, and its
         output for the micro-batches in flight (at most ``stages`` in 1F1B)."""
@@ -278,7 +286,9 @@ class Planner:
             )
             bounds.append(list(p.bounds))
         coef = [self.affine(g, b, B) for g, b in zip(groups, bounds, strict=True)]
-        shares = affine_shares([a for a, _ in coef], [c for _, c in coef], B)
+        # no group gets more samples than its ranks hold the micro-batches of
+        high = [self.most_samples(g, b) for g, b in zip(groups, bounds, strict=True)]
+        shares = affine_shares([a for a, _ in coef], [c for _, c in coef], B, high=high)
         return bounds, shares
 
     def even(self, groups) -> tuple[list, list[int]]:
@@ -292,18 +302,25 @@ class Planner:
     def best_static(self, groups) -> tuple[list, list[int]]:
         """Every group's every cut and every split of the batch, by the model
         (pipelines and the gradient sum across groups), among cuts that fit."""
-        B, M = self.args.batch, self.args.micro
+        B = self.args.batch
         tables = []
         for group in groups:
             cuts = [
                 (0, *c, self.L)
                 for c in itertools.combinations(range(1, self.L), len(group) - 1)
             ]
-            micro = max(1, B // len(groups) // M)
-            cuts = [c for c in cuts if self.fits(group, c, micro * M)]
+            cuts = [c for c in cuts if self.fits(group, c, 1)]
             tables.append(
                 [
-                    (c, [self.group_time(group, c, b) for b in range(B + 1)])
+                    (
+                        c,
+                        [
+                            self.group_time(group, c, b)
+                            if self.fits(group, c, b)
+                            else math.inf
+                            for b in range(B + 1)
+                        ],
+                    )
                     for c in cuts
                 ]
             )
@@ -511,7 +528,7 @@ class Job:
         g = torch.Generator().manual_seed(1)
         self.X = torch.randn(args["batch"], 64, generator=g)
         self.Y = torch.randint(0, 10, (args["batch"],), generator=g)
-        self.holder: dict[int, int] = {}  # layer -> world rank holding it now
+        self.last: dict | None = None  # the placement the previous run left
 
     def _link(self, a: int, b: int):
         return self.intra if self.ranks[a].node == self.ranks[b].node else self.inter
@@ -529,9 +546,21 @@ class Job:
             ]
         return out
 
+    def resync(self) -> None:
+        """Give every rank the current weights of every layer (untimed, between
+        runs): a run leaves each layer trained only on its holders, and the
+        next run's placement starts from a whole model on every rank."""
+        if self.last is None:
+            return  # every rank built the same initial weights
+        holder = self._place(self.last)[0]  # the first group holds every layer
+        for layer, root in enumerate(holder):
+            for p in self.layers[layer].parameters():
+                self.world.Bcast(p.data, root, what="weights between runs")
+        self.last = None
+
     def move(self, old: dict | None, new: dict) -> float:
-        """Send the layers whose holder changes (every rank starts with the
-        same initial weights, so the first placement moves nothing)."""
+        """Send the layers whose holder changes within a run (``old`` None:
+        the first placement, on ranks that all hold the whole model)."""
         if old is None:
             return 0.0
         t0 = time.perf_counter()
@@ -661,6 +690,7 @@ class Job:
         import numpy as np
 
         cand = dict(run["candidates"][0])
+        self.resync()
         self.move(None, cand)
         parts = self.build(cand)
         shares = list(cand["shares"])
@@ -679,6 +709,7 @@ class Job:
         if parts is not None:
             parts["reducer"].free()
         self.free(parts)
+        self.last = cand
         steps = self.args["steps"]
         return {
             "config": run["config"],
@@ -731,6 +762,7 @@ class Job:
             Candidate(c["name"], c["predicted_batch_time_s"], c["cost_per_hour"], i)
             for i, c in enumerate(cands)
         ]
+        self.resync()
         current, parts, trace = None, None, []
         total_s = spent = samples = 0.0
         for _slot in range(self.args["slots"]):
@@ -767,6 +799,7 @@ class Job:
         if parts is not None:
             parts["reducer"].free()
             self.free(parts)
+        self.last = current
         steps = self.args["slots"] * self.args["slot_steps"]
         return {
             "config": run["config"],
@@ -952,6 +985,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for name, low in (("batch", 2), ("micro", 1), ("steps", 1), ("warmup", 2),
+                      ("slots", 1), ("slot_steps", 1), ("layers", 1)):  # fmt: skip
+        if getattr(args, name) < low:
+            # the affine fit needs two batch sizes, the re-solve a timed warm-up
+            # step after the first
+            p.error(f"--{name.replace('_', '-')} must be >= {low}")
     if args.inner:
         inner(args)
         return 0

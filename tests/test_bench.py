@@ -480,9 +480,18 @@ def test_pipeline_bench_runs_every_configuration_and_reprints_its_json(
     assert [r["config"] for r in recs] == [
         "dp", "dp-adaptive", "even", "auto", "best-static", "ctl-V0.01",
     ]  # fmt: skip
+    price = {"auto": 14.0, "park 2": 11.0, "park 3": 11.0, "park 2,3": 8.0}
     for r in recs:
         assert r["batch_time_s"] > 0 and r["samples_per_sec"] > 0
-        assert r["cost_per_hour"] <= 14.0
+        if "slots" not in r:
+            assert r["cost_per_hour"] == 14.0  # every rank active
+            continue
+        # the controller's cost: each slot's active ranks at its seconds
+        spent = sum(price[s["choice"]] * s["seconds"] for s in r["slots"])
+        elapsed = sum(s["seconds"] for s in r["slots"])
+        assert r["cost_per_hour"] == pytest.approx(spent / elapsed)
+        bound = 12.0 + 3600 * r["slots"][-1]["queue"] / elapsed
+        assert r["cost_per_hour"] <= bound + 1e-9
     printed = capsys.readouterr().out
     assert pipeline.main(["--from-json", str(out)]) == 0
     assert capsys.readouterr().out.strip() == printed.strip()

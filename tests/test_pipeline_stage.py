@@ -184,9 +184,52 @@ def test_a_bad_batch_is_the_same_error_on_every_stage():
     for batch, micro, message in cases:
         with pytest.raises(ValueError, match=message):
             stage.step(batch if comm.rank == 0 else None, micro)
+    for batch, kind, message in (
+        (x, TypeError, "as \\(inputs, labels\\)"),
+        ((x, None), TypeError, "labels must be a tensor"),
+        ((x, y), TypeError, "micro_batches must be an int"),
+    ):
+        with pytest.raises(kind, match=message):
+            stage.step(batch if comm.rank == 0 else None, 2.5 if batch[1] is y else 2)
     # and the stages go on together after a refused batch
     loss, _, _ = stage.step((x, y) if comm.rank == 0 else None, 2)
     assert (loss is not None) == (comm.rank == comm.size - 1)
+    comm.free()
+
+
+@pytest.mark.mpi(ranks=3, timeout=60)
+def test_a_bad_stage_is_the_same_error_on_every_stage_and_a_failed_step_ends_it():
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import PipelineStage
+
+    comm = Comm(name="pipeline-setup", timeout=3.0)
+    layers = model_layers(_model())
+    mine = split_layers(layers, [0, 3, 5, 7])[comm.rank]
+    x = torch.randn(4, 10, dtype=torch.float64)
+    y = torch.zeros(4, dtype=torch.long)
+    first = x[:1] if comm.rank == 0 else None
+    ce = nn.functional.cross_entropy
+    # one stage given another schedule: refused on every stage
+    with pytest.raises(ValueError, match="must share a schedule"):
+        PipelineStage(mine, comm, sample=first, loss=ce,
+                      schedule="gpipe" if comm.rank == 1 else "1f1b")  # fmt: skip
+    # a cut whose layers do not take their neighbour's output
+    wrong = nn.Linear(7, 5).double() if comm.rank == 1 else mine
+    with pytest.raises(RuntimeError, match="rank 1"):
+        PipelineStage(wrong, comm, sample=first, loss=ce)
+
+    # a step that fails half-way (the last stage's loss) ends the stages:
+    # the others time out waiting for its gradients, then every stage
+    # refuses the next call at once instead of pairing stale messages
+    def bad_loss(out, labels):
+        raise ValueError("this loss fails")
+
+    stage = PipelineStage(mine, comm, sample=first, loss=bad_loss)
+    with pytest.raises((ValueError, TimeoutError)):
+        stage.step((x, y) if comm.rank == 0 else None, 2)
+    with pytest.raises(RuntimeError, match="an earlier call failed"):
+        stage.step((x, y) if comm.rank == 0 else None, 2)
+    comm.barrier(timeout=60)  # (the last stage failed at once, the others in 3 s)
     comm.free()
 
 
@@ -260,3 +303,30 @@ def test_layer_costs_sum_module_costs_per_pipeline_layer():
     )
     with pytest.raises(ValueError, match="does not have"):
         layer_costs(model, {"nope": 1.0})
+
+
+def test_stage_pace_refuses_what_is_not_a_duration():
+    from hybridagg.pipeline import StagePace
+
+    with pytest.raises(TypeError, match="forward_s must be a number"):
+        StagePace(True, 0.0)
+    with pytest.raises(TypeError, match="backward_s must be a number"):
+        StagePace(0.0, "1")
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        StagePace(-1.0, 0.0)
+
+
+@pytest.mark.mpi(ranks=2, timeout=60)
+def test_the_reducer_refuses_groups_it_cannot_sum_over():
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline import CrossGroupReducer
+
+    world = Comm(name="cross-bad")
+    layers = model_layers(_model())
+    with pytest.raises(ValueError, match="distinct ranks"):
+        CrossGroupReducer(world, [[0, 1], [1]], [[0, 3, 7], [0, 7]], layers)
+    with pytest.raises(ValueError, match="bounds must rise strictly"):
+        CrossGroupReducer(world, [[0], [1]], [[0, 7], [0, 6]], layers)
+    with pytest.raises(ValueError, match="cut points for 2 stages"):
+        CrossGroupReducer(world, [[0, 1]], [[0, 7]], layers)
+    world.free()

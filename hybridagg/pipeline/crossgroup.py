@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..comm import Comm
+from .partition import _check_bounds
 
 __all__ = ["CrossGroupReducer", "holders", "segments"]
 
@@ -84,12 +85,16 @@ class CrossGroupReducer:
             raise ValueError(
                 f"{len(groups)} groups but {len(group_bounds)} sets of stage bounds"
             )
+        listed = [r for ranks in groups for r in ranks]
+        if len(set(listed)) != len(listed) or not all(
+            0 <= r < world.size for r in listed
+        ):
+            raise ValueError(
+                f"groups {[list(g) for g in groups]} must name distinct ranks of "
+                f"0..{world.size - 1}"
+            )
         for ranks, bounds in zip(groups, group_bounds, strict=True):
-            if len(bounds) != len(ranks) + 1:
-                raise ValueError(
-                    f"group {list(ranks)} of {len(ranks)} stages needs "
-                    f"{len(ranks) + 1} bounds, got {list(bounds)}"
-                )
+            _check_bounds(list(bounds), len(layers), len(ranks))
         self.segments = segments(group_bounds)
         self.mine: list[tuple[Comm, list[torch.nn.Parameter]]] = []
         for index, seg in enumerate(self.segments):

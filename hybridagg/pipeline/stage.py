@@ -35,6 +35,7 @@ when both ends are ready and occupies the receiver: the cost model of
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,7 +48,7 @@ from mpi4py import MPI
 from torch import nn
 
 from ..comm import Comm
-from .schedule import schedule
+from .schedule import SCHEDULES, schedule
 from .timing import micro_sizes
 
 __all__ = [
@@ -152,8 +153,10 @@ class StagePace:
     def __post_init__(self) -> None:
         for name in ("forward_s", "backward_s"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"StagePace.{name} must be >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise TypeError(f"StagePace.{name} must be a number, got {v!r}")
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"StagePace.{name} must be finite and >= 0, got {v!r}")
 
 
 @dataclass
@@ -219,29 +222,71 @@ class PipelineStage:
         self.links = links
         self.stage, self.stages = comm.rank, comm.size
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
-        if self.first != (sample is not None):
-            raise ValueError(
-                "PipelineStage: stage 0, and only stage 0, takes a sample "
-                f"(stage {self.stage} of {self.stages} got "
-                f"{'one' if sample is not None else 'none'})"
-            )
-        if self.last and loss is None:
-            raise ValueError("PipelineStage: the last stage needs a loss")
         self.loss = loss
         self.schedule_name = schedule
         self.pace = pace
         self._sends: list = []
         self._held: list = []  # buffers of the sends in flight
+        self._broken: str | None = None  # why a step failed half-way
+        # every stage's arguments are checked before any message, and the
+        # first bad one is the same error on every stage (never a stage
+        # left waiting for a neighbour that gave up)
+        err = self._check_arguments(sample, loss, schedule, pace)
+        names = comm.allgather(schedule, what="the stages' schedules")
+        if err is None and len(set(names)) > 1:
+            err = ValueError(
+                f"the stages of a group must share a schedule, got {names}"
+            )
+        comm.check(err, what="the pipeline stage's arguments")
         self.input, self.output = self._agree_shapes(sample)
+
+    def _check_arguments(self, sample, loss, schedule, pace) -> Exception | None:
+        if self.first != (sample is not None):
+            return ValueError(
+                "PipelineStage: stage 0, and only stage 0, takes a sample "
+                f"(stage {self.stage} of {self.stages} got "
+                f"{'one' if sample is not None else 'none'})"
+            )
+        if self.first and not isinstance(sample, torch.Tensor):
+            return TypeError(f"PipelineStage: sample must be a tensor, got {sample!r}")
+        if self.last and loss is None:
+            return ValueError("PipelineStage: the last stage needs a loss")
+        if schedule not in SCHEDULES:
+            return ValueError(
+                f"unknown pipeline schedule {schedule!r}; choose from {', '.join(SCHEDULES)}"
+            )
+        if pace is not None and not isinstance(pace, StagePace):
+            return TypeError(f"PipelineStage: pace must be a StagePace, got {pace!r}")
+        return None
 
     # --- set-up ---------------------------------------------------------------
     def _agree_shapes(self, sample: torch.Tensor | None) -> tuple[_Boundary, _Boundary]:
-        """Pass one sample's shapes through the stages, stage by stage."""
+        """Pass one sample's shapes through the stages, stage by stage.
+
+        A stage whose layers fail on their input (a cut that does not
+        match, a layer that returns no tensor) passes ``None`` on instead of
+        its output's shape, and every stage then raises its error.
+        """
         comm, k = self.comm, self.stage
         if self.first:
             inp = _Boundary(tuple(sample.shape[1:]), sample.dtype)
         else:
             inp = comm.recv(k - 1, _ACTIVATION, what=f"stage {k}'s input shape")
+        output, err = None, None
+        if inp is not None:
+            try:
+                output = self._probe(inp, sample)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                err = exc
+        if not self.last:
+            req, keep = comm.isend(output, k + 1, _ACTIVATION)
+            comm.wait(req, f"stage {k}'s output shape")
+            del keep
+        comm.check(err, what="the stages' shapes")
+        return inp, output
+
+    def _probe(self, inp: _Boundary, sample: torch.Tensor | None) -> _Boundary:
+        """The shape of what this stage's layers make of one input."""
         probe = sample if self.first else torch.zeros((1, *inp.shape), dtype=inp.dtype)
         training = self.module.training
         self.module.eval()  # one sample: no batch statistics, no dropout
@@ -252,15 +297,10 @@ class PipelineStage:
             self.module.train(training)
         if not isinstance(out, torch.Tensor):
             raise TypeError(
-                f"pipeline stage {k}'s layers return {type(out).__name__}; a "
-                "stage must return one tensor"
+                f"pipeline stage {self.stage}'s layers return {type(out).__name__}; "
+                "a stage must return one tensor"
             )
-        output = _Boundary(tuple(out.shape[1:]), out.dtype)
-        if not self.last:
-            req, keep = comm.isend(output, k + 1, _ACTIVATION)
-            comm.wait(req, f"stage {k}'s output shape")
-            del keep
-        return inp, output
+        return _Boundary(tuple(out.shape[1:]), out.dtype)
 
     # --- one batch ------------------------------------------------------------
     def step(
@@ -289,14 +329,20 @@ class PipelineStage:
         """
         t0 = time.perf_counter()
         times = StepTimes()
-        comm, k = self.comm, self.stage
-        self._check_call("step", "the batch", batch, micro_batches)
-        x, y = batch if self.first else (None, None)
-        sizes = self._header(x, y, micro_batches)
-        n = sum(sizes)
-        if n == 0:
+        sizes = self._header("step", batch, micro_batches, labels=True)
+        if not sizes:
             times.wall_s = time.perf_counter() - t0
             return None, None, times
+        with self._guard():
+            loss, kept = self._step(batch, sizes, times, keep_outputs)
+        times.wall_s = time.perf_counter() - t0
+        return loss, kept, times
+
+    def _step(self, batch, sizes: list[int], times: StepTimes, keep_outputs: bool):
+        """The body of :meth:`step` once every stage took the call."""
+        comm, k = self.comm, self.stage
+        x, y = batch if self.first else (None, None)
+        n = sum(sizes)
         labels = None
         if self.first:
             xs = list(x.split(sizes))
@@ -359,9 +405,7 @@ class PipelineStage:
                     self._keep_send(g)
                 self._spend(c0, size, forward=False, times=times)
         self._finish_sends(times)
-        times.wall_s = time.perf_counter() - t0
-        loss = total if self.last else None
-        return loss, (torch.cat(kept) if kept else None), times
+        return (total if self.last else None), (torch.cat(kept) if kept else None)
 
     def infer(
         self, inputs: torch.Tensor | None, micro_batches: int
@@ -378,73 +422,104 @@ class PipelineStage:
         Returns:
             The outputs on the last stage (``None`` elsewhere).
         """
-        self._check_call("infer", "the inputs", inputs, micro_batches)
-        sizes = self._header(inputs, inputs, micro_batches)
+        sizes = self._header("infer", inputs, micro_batches, labels=False)
         xs = list(inputs.split(sizes)) if self.first else None
         training = self.module.training
         self.module.eval()
         outs, times = [], StepTimes()
-        try:
-            with torch.no_grad():
-                for i, size in enumerate(sizes):
-                    x = (
-                        xs[i]
-                        if self.first
-                        else self._receive_activation(i, size, times)
-                    )
-                    out = self.module(x)
-                    if self.last:
-                        outs.append(out)
-                    else:
-                        send = out.contiguous()
-                        self._sends.append(
-                            self.comm.Isend(send, self.stage + 1, _ACTIVATION)
-                        )
-                        self._keep_send(send)
-        finally:
-            self.module.train(training)
-        self._finish_sends(times)
+        with self._guard():
+            try:
+                with torch.no_grad():
+                    for i, size in enumerate(sizes):
+                        if self.first:
+                            x = xs[i]
+                        else:
+                            x = self._receive_activation(i, size, times)
+                        out = self.module(x)
+                        if self.last:
+                            outs.append(out)
+                        else:
+                            send = out.contiguous()
+                            self._keep_send(send)
+                            self._sends.append(
+                                self.comm.Isend(send, self.stage + 1, _ACTIVATION)
+                            )
+            finally:
+                self.module.train(training)
+            self._finish_sends(times)
         return torch.cat(outs) if self.last and outs else None
 
     # --- pieces -----------------------------------------------------------------
-    def _check_call(self, method: str, what: str, given: object, micro_batches) -> None:
-        """Local checks of a call, the same on every stage (before any message)."""
+    def _header(self, method: str, given, micro_batches, *, labels: bool) -> list[int]:
+        """Every stage's checks of a call, then stage 0's batch: the sizes.
+
+        One all-reduce of ``[samples, micro-batches, refused]``: stage 0
+        gives the batch, every stage its verdict on its own arguments, so a
+        call refused anywhere is the same error on every stage (through
+        ``Comm.check``), never a stage left waiting.
+        """
+        if self._broken is not None:
+            raise RuntimeError(
+                f"pipeline stage {self.stage} cannot run: an earlier call failed "
+                f"half-way ({self._broken}); build the stages again"
+            )
+        err = self._check_call(method, given, micro_batches, labels)
+        header = np.zeros(3, dtype=np.int64)
+        if err is None and self.first:
+            x = given[0] if labels else given
+            header[:2] = (len(x), micro_batches)
+        header[2] = err is not None
+        self.comm.Allreduce(header, MPI.MAX, what="the pipeline's batch header")
+        if header[2]:
+            self.comm.check(err, what=f"the pipeline's {method}")
+        return micro_sizes(int(header[0]), int(header[1]))
+
+    def _check_call(
+        self, method: str, given, micro_batches, labels: bool
+    ) -> Exception | None:
+        """This stage's verdict on a call's arguments (``None``: fine)."""
+        what = "the batch (inputs, labels)" if labels else "the inputs"
         if self.first != (given is not None):
-            raise ValueError(
+            return ValueError(
                 f"PipelineStage.{method}: stage 0, and only stage 0, takes {what} "
                 f"(stage {self.stage} got {'none' if given is None else 'some'})"
             )
+        if not self.first:
+            return None  # stage 0's micro-batch count is the one used
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
-            raise TypeError(f"micro_batches must be an int, got {micro_batches!r}")
-
-    def _header(self, x, y, micro_batches: int) -> list[int]:
-        """Stage 0's batch size and micro-batches, to every stage: the sizes.
-
-        Stage 0 also sends its checks' verdict: a batch it refuses is the
-        same ``ValueError`` on every stage (never a stage left waiting).
-        """
-        header = np.zeros(3, dtype=np.int64)  # [samples, micro-batches, refused]
-        err: ValueError | None = None
-        if self.first:
-            err = self._check_batch(x, y, micro_batches)
-            header[:] = (len(x), micro_batches, err is not None)
-        self.comm.Bcast(header, 0, what="the pipeline's batch header")
-        if header[2]:
-            self.comm.check(err, what="the pipeline's batch")
-        return micro_sizes(int(header[0]), int(header[1]))
-
-    def _check_batch(self, x, y, micro_batches: int) -> ValueError | None:
-        """Stage 0's checks of a batch (an error to share, or ``None``)."""
+            return TypeError(f"micro_batches must be an int, got {micro_batches!r}")
         if micro_batches < 1:
             return ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        if labels:
+            if not isinstance(given, tuple | list) or len(given) != 2:
+                return TypeError(
+                    f"PipelineStage.{method} takes the batch as (inputs, labels), "
+                    f"got {type(given).__name__}"
+                )
+            x, y = given
+        else:
+            x, y = given, None
+        for name, t in (("inputs", x), ("labels", y) if labels else ("inputs", x)):
+            if not isinstance(t, torch.Tensor):
+                return TypeError(f"the batch's {name} must be a tensor, got {t!r}")
         if tuple(x.shape[1:]) != self.input.shape or x.dtype != self.input.dtype:
             return ValueError(
                 f"pipeline batch of {tuple(x.shape[1:])} {x.dtype} samples; the "
                 f"stages were set up for {self.input.shape} {self.input.dtype}"
             )
-        if len(y) != len(x):
+        if labels and len(y) != len(x):
             return ValueError(f"pipeline batch of {len(x)} inputs and {len(y)} labels")
         return None
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """A call that fails half-way leaves messages in flight that would
+        pair with the next call's: the stage refuses any later call."""
+        try:
+            yield
+        except BaseException as exc:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise
 
     def _post(self, posted: tuple) -> None:
         req, keep = posted
