@@ -176,6 +176,31 @@ def parse_groups(text: str, n: int) -> list[list[int]]:
     return groups
 
 
+def sum_seconds(
+    groups, bounds, param_bytes, link, latency_s: float
+) -> dict[int, float]:
+    """Each holder's emulated seconds of the gradient sum across groups.
+
+    Per segment of layers (:func:`hybridagg.pipeline.segments`), a ring over
+    its holders: ``2(g-1)`` messages of ``bytes/g`` over the slowest link
+    among them (``link(a, b)``, a :class:`~hybridagg.pipeline.Link`).
+    """
+    from hybridagg.pipeline import holders, segments
+
+    g = len(groups)
+    per_rank: dict[int, float] = {}
+    if g < 2:
+        return per_rank
+    for seg in segments(bounds):
+        nbytes = sum(param_bytes[seg[0] : seg[1]])
+        owners = holders(groups, bounds, seg)
+        bw = min(link(a, b).bandwidth_Bps for a, b in itertools.pairwise(owners))
+        t = 2 * (g - 1) * (latency_s + nbytes / g / bw)
+        for r in owners:
+            per_rank[r] = per_rank.get(r, 0.0) + t
+    return per_rank
+
+
 class Planner:
     """Cuts, shares and predicted times of one setting (pure, no MPI)."""
 
@@ -208,26 +233,10 @@ class Planner:
 
     def reduce_time(self, groups, bounds) -> float:
         """Predicted seconds of the gradient sum across groups (the slowest rank's)."""
-        from hybridagg.pipeline import holders, segments
-
-        worst = 0.0
-        per_rank: dict[int, float] = {}
-        g = len(groups)
-        if g < 2:
-            return 0.0
-        for seg in segments(bounds):
-            nbytes = sum(self.prof.param_bytes[seg[0] : seg[1]])
-            owners = holders(groups, bounds, seg)
-            # a ring: 2(g-1) messages of bytes/g over the slowest link among them
-            bw = min(
-                self.link(a, b).bandwidth_Bps for a, b in itertools.pairwise(owners)
-            )
-            lat = self.inter.latency_s
-            t = 2 * (g - 1) * (lat + nbytes / g / bw)
-            for r in owners:
-                per_rank[r] = per_rank.get(r, 0.0) + t
-        worst = max(per_rank.values(), default=0.0)
-        return worst
+        per_rank = sum_seconds(
+            groups, bounds, self.prof.param_bytes, self.link, self.inter.latency_s
+        )
+        return max(per_rank.values(), default=0.0)
 
     def fits(self, group: list[int], bounds, samples: int) -> bool:
         """Whether every rank of the group holds its stage (:meth:`layer_bytes`)."""
@@ -631,20 +640,13 @@ class Job:
             links=(link(k - 1), link(k + 1)),
         )
         # the all-reduce's emulated time: this rank's segments over the link
-        from hybridagg.pipeline import holders, segments
-
-        g = len(cand["groups"])
-        reduce_s = 0.0
-        if g > 1:
-            for seg in segments(cand["bounds"]):
-                owners = holders(cand["groups"], cand["bounds"], seg)
-                if me in owners:
-                    nbytes = sum(self.prof.param_bytes[seg[0] : seg[1]])
-                    bw = min(
-                        self._link(a, b).bandwidth_Bps
-                        for a, b in itertools.pairwise(owners)
-                    )
-                    reduce_s += 2 * (g - 1) * (self.inter.latency_s + nbytes / g / bw)
+        reduce_s = sum_seconds(
+            cand["groups"],
+            cand["bounds"],
+            self.prof.param_bytes,
+            self._link,
+            self.inter.latency_s,
+        ).get(me, 0.0)
         return {
             "group": group,
             "stage": stage,

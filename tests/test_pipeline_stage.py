@@ -227,9 +227,9 @@ def test_a_bad_stage_is_the_same_error_on_every_stage_and_a_failed_step_ends_it(
     stage = PipelineStage(mine, comm, sample=first, loss=bad_loss)
     with pytest.raises((ValueError, TimeoutError)):
         stage.step((x, y) if comm.rank == 0 else None, 2)
+    comm.barrier(timeout=60)  # (the last stage failed at once, the others in 3 s)
     with pytest.raises(RuntimeError, match="an earlier call failed"):
         stage.step((x, y) if comm.rank == 0 else None, 2)
-    comm.barrier(timeout=60)  # (the last stage failed at once, the others in 3 s)
     comm.free()
 
 

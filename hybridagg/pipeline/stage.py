@@ -459,11 +459,14 @@ class PipelineStage:
         ``Comm.check``), never a stage left waiting.
         """
         if self._broken is not None:
-            raise RuntimeError(
+            # a verdict like the others: a stage that failed alone must not
+            # leave its neighbours waiting in the header
+            err: Exception | None = RuntimeError(
                 f"pipeline stage {self.stage} cannot run: an earlier call failed "
                 f"half-way ({self._broken}); build the stages again"
             )
-        err = self._check_call(method, given, micro_batches, labels)
+        else:
+            err = self._check_call(method, given, micro_batches, labels)
         header = np.zeros(3, dtype=np.int64)
         if err is None and self.first:
             x = given[0] if labels else given
