@@ -11,11 +11,13 @@ with equal weights.
 
 from __future__ import annotations
 
+import torch
+
 from ..comm import Comm
 from ..topology import Topology
 from .base import DistributedOptimizer
 
-__all__ = ["SyncOptimizer"]
+__all__ = ["SyncOptimizer", "step_scaled"]
 
 
 class SyncOptimizer(DistributedOptimizer, modes=("sync",)):
@@ -30,16 +32,25 @@ class SyncOptimizer(DistributedOptimizer, modes=("sync",)):
     def _apply(self, total: float) -> None:
         if total <= 0:
             return
-        scale = self.compensation.scale(total, self.updates, 0)
-        if scale == 1.0:
-            self.optimizer.step()
-        else:
-            saved = [group["lr"] for group in self.param_groups]
-            for group in self.param_groups:
-                group["lr"] = group["lr"] * scale
-            try:
-                self.optimizer.step()
-            finally:
-                for group, lr in zip(self.param_groups, saved, strict=True):
-                    group["lr"] = lr
+        step_scaled(self.optimizer, self.compensation.scale(total, self.updates, 0))
         self.updates += 1
+
+
+def step_scaled(optimizer: torch.optim.Optimizer, scale: float) -> None:
+    """``optimizer.step()`` with every group's ``lr`` times ``scale`` for this step.
+
+    The large-mini-batch rule of sync mode (:class:`~hybridagg.ps.Compensation`:
+    the global batch over ``--batch-size``, warm-up), shared by the
+    pipelined job's sync update.
+    """
+    if scale == 1.0:
+        optimizer.step()
+        return
+    saved = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale
+    try:
+        optimizer.step()
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr

@@ -10,6 +10,7 @@ through hybridagg's polled waits.
 
 from .crossgroup import CrossGroupReducer, holders, segments
 from .partition import (
+    FORWARD_SHARE,
     Link,
     Partition,
     analytic_cut,
@@ -32,6 +33,7 @@ from .stage import (
 from .timing import batch_time, micro_sizes
 
 __all__ = [
+    "FORWARD_SHARE",
     "SCHEDULES",
     "Action",
     "CrossGroupReducer",

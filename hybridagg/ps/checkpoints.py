@@ -171,6 +171,8 @@ class CheckpointCoordinator:
             ``c``; ``None``: no checkpoints.
         on_commit: Server 0: ``f(c)`` once every server has saved ``c``.
         stop_requested: Server 0: polled; true requests a stop.
+        num_servers: The servers (default: the ranks of ``ps`` after the
+            leaders; a communicator that also holds pipelined stages says).
 
     Attributes:
         saves: Snapshots this server took.
@@ -185,9 +187,11 @@ class CheckpointCoordinator:
         on_snapshot: Callable[[int, dict], None] | None,
         on_commit: Callable[[int], None] | None,
         stop_requested: Callable[[], bool] | None,
+        num_servers: int | None = None,
     ) -> None:
         self.ps, self.num_groups, self.server = ps, num_groups, server
-        self.num_servers = ps.size - num_groups
+        # (a communicator with pipelined stages holds more than leaders and servers)
+        self.num_servers = ps.size - num_groups if num_servers is None else num_servers
         self.schedule = schedule
         self.on_snapshot, self.on_commit = on_snapshot, on_commit
         self.stop_requested = stop_requested

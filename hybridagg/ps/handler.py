@@ -282,7 +282,7 @@ class RequestHandler:
             )
         landing = self._landing(g)
         parts = [
-            ps.Irecv(landing.receive_into(a, b), g, P.part_tag(i))
+            ps.Irecv(landing.receive_into(a, b), store.owners.of(g, i), P.part_tag(i))
             for i, (a, b) in enumerate(store.parts)
         ]
         incoming, buffers = None, MPI.REQUEST_NULL

@@ -83,7 +83,7 @@ class ReplySender:
                 self.wires[g] = wire
             wire.buffer[a:b].copy_(source)  # rounded to nearest
             source = wire.landing(self.store.flat, a, b)
-        return self.ps.Isend(source, g, P.part_tag(part))
+        return self.ps.Isend(source, self.store.owners.of(g, part), P.part_tag(part))
 
     def buffers(self, g: int) -> MPI.Request:
         """Post the buffers to ``g`` (server 0, after :meth:`header`)."""

@@ -41,6 +41,7 @@ wait for the next push").
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..comm import Comm
 from ..comm.process import configure_threads
 from ..comm.ulfm import failed_world_ranks
 from ..runtime import envvars
@@ -180,8 +182,11 @@ class _Server:
         poll: Callable[[], object] | None = None,
         fault: Callable[[int], None] | None = None,
         reshard: ShardSource | None = None,
+        ps: Comm | None = None,
     ) -> None:
-        self.ps = ps = topology.comms.leaders.dup("ps")
+        # (a job with pipelined groups passes the communicator its stages share)
+        base = topology.comms.leaders if ps is None else ps
+        self.ps = ps = base.dup("ps")
         self.drop_lost, self.poll = drop_lost, poll
         self.server_ranks = set(topology.servers)
         self._next_check = 0.0
@@ -190,6 +195,8 @@ class _Server:
         spec: ServerSpec = ps.recv(
             0, P.INIT, what="parameter-server start-up from rank 0"
         )
+        if spec.initial_from is not None:
+            spec = _receive_initial(ps, spec)
         self.store = store = ShardStore(spec)
         if reshard is not None:
             restore = reshard.restore(spec, store, groups)
@@ -219,6 +226,7 @@ class _Server:
             on_snapshot,
             on_commit,
             stop_requested,
+            num_servers=len(topology.servers),
         )
         self.advisor = (
             BatchAdvisor(spec.batching, groups, on_batch)
@@ -366,9 +374,13 @@ class _Server:
         stats = self._stats()
         dest = 0 if final_to is None else final_to(stats)
         if dest is not None:
+            # (a pipelined group's parts go to the stages holding them)
             final = [
                 ps.Isend(np.array([store.version], dtype=np.float64), dest, P.FINAL),
-                *(ps.Isend(store.flat[a:b], dest, P.FINAL) for a, b in store.parts),
+                *(
+                    ps.Isend(store.flat[a:b], store.owners.of(dest, i), P.FINAL)
+                    for i, (a, b) in enumerate(store.parts)
+                ),
             ]
             if store.buffers is not None:
                 final.append(ps.Isend(store.buffers, dest, P.FINAL))
@@ -396,6 +408,24 @@ class _Server:
         )
 
 
+def _receive_initial(ps: Comm, spec: ServerSpec) -> ServerSpec:
+    """The spec with its shard, received in pieces from a pipelined group's stages.
+
+    Each stage of group ``spec.initial_from`` sends the piece of its range
+    that lies in this server's shard (tag ``INIT``): no rank held the whole
+    model to send it from.
+    """
+    lo, hi = spec.shard_range
+    shard = np.empty(hi - lo, dtype=np.dtype(spec.dtype))
+    reqs = []
+    for a, b, rank in spec.owners[spec.initial_from]:
+        x, y = max(a, lo), min(b, hi)
+        if x < y:
+            reqs.append(ps.Irecv(shard[x - lo : y - lo], rank, P.INIT))
+    ps.wait(reqs, "initial weights from the pipelined stages")
+    return dataclasses.replace(spec, shard=shard)
+
+
 def serve(
     topology,
     *,
@@ -413,6 +443,7 @@ def serve(
     final_to: Callable[[ServerStats], int | None] | None = None,
     fault: Callable[[int], None] | None = None,
     reshard: ShardSource | None = None,
+    ps: Comm | None = None,
 ) -> ServerStats:
     """Run this server rank until every group leader is done (collective start).
 
@@ -446,6 +477,9 @@ def serve(
         final_to: At the end, ``f(stats)`` returns the group whose leader
             receives the final shards (``None``: nobody); default leader 0.
         fault: ``f(version)`` after every update (tests' fault injection).
+        ps: The communicator of the leaders, then the servers, then the
+            pipelined groups' other stages (default: the topology's
+            leaders-and-servers communicator); duplicated here.
 
     Returns:
         This server's statistics.
@@ -479,6 +513,7 @@ def serve(
         poll,
         fault,
         reshard,
+        ps,
     )
     if on_ready is not None:
         on_ready()

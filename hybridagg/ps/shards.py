@@ -74,11 +74,21 @@ def pieces_of(numels: list[int], lo: int, hi: int) -> list[Piece]:
     return pieces
 
 
-def part_ranges(length: int, part_elems: int) -> list[tuple[int, int]]:
+def part_ranges(
+    length: int, part_elems: int, cuts: tuple[int, ...] | list[int] = ()
+) -> list[tuple[int, int]]:
     """Cut a shard of ``length`` elements into parts of at most ``part_elems``.
 
     Parts are the unit of the pipelined push, update and reply; the cut is
     even (sizes differ by at most one element). An empty shard has no parts.
+
+    Args:
+        length: The shard's elements.
+        part_elems: The largest part.
+        cuts: Offsets in the shard where a part must also end (a pipelined
+            group's stage boundaries: each part then belongs to one stage,
+            which alone sends and receives it). Offsets outside ``(0,
+            length)`` are ignored; without cuts the parts are as before.
 
     Raises:
         ValueError: ``part_elems`` is not positive.
@@ -87,8 +97,12 @@ def part_ranges(length: int, part_elems: int) -> list[tuple[int, int]]:
         raise ValueError(f"part size must be positive, got {part_elems}")
     if length == 0:
         return []
-    bounds = even_bounds(length, -(-length // part_elems))
-    return list(pairwise(bounds))
+    edges = [0, *sorted({int(c) for c in cuts if 0 < int(c) < length}), length]
+    parts = []
+    for lo, hi in pairwise(edges):
+        bounds = even_bounds(hi - lo, -(-(hi - lo) // part_elems))
+        parts += [(lo + a, lo + b) for a, b in pairwise(bounds)]
+    return parts
 
 
 def optimizer_order(

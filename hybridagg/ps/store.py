@@ -8,6 +8,7 @@ import torch
 from ..comm import WireCodec, alloc
 from .compensation import lookahead_factor
 from .kernels import KERNEL_KEYS, build_optimizer
+from .owners import PartOwners, owner_cuts
 from .shards import optimizer_order, part_ranges
 from .spec import ServerSpec
 
@@ -41,7 +42,11 @@ class ShardStore:
         self.shard_range = (int(lo), int(hi))
         # the whole flat model's elements (a checkpoint records the cut)
         self.elements = int(sum(spec.numels))
-        self.parts = part_ranges(hi - lo, spec.part_elems)
+        # (cut at every pipelined group's stage boundary: a part has one owner)
+        self.parts = part_ranges(
+            hi - lo, spec.part_elems, [c - lo for c in owner_cuts(spec.owners)]
+        )
+        self.owners = PartOwners(spec.owners, lo, self.parts)
         # per part: its optimizer and the user's group of each of its groups
         self.optimizers: list[tuple[torch.optim.Optimizer, list[int]] | None] = []
         # per part: the flat-model range of each optimizer parameter, in the

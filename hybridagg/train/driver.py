@@ -32,6 +32,7 @@ from ..topology import Topology, init
 from .checkpoint import Checkpointer
 from .chunks import ChunkService, check_fault_tolerance
 from .config import TrainConfig
+from .pipelined import PipelinedWorkerRole
 from .resume import start_run
 from .server_role import ServerRole
 from .survival import RankStatus
@@ -128,6 +129,8 @@ def _run(
     chunks = ChunkService.build(topo) if cfg.survives_group_loss else None
     if topo.is_server:
         role = ServerRole(cfg, topo, start, ck, stop, chunks)
+    elif cfg.pipelined:  # every worker holds a stage of its group's replica
+        role = PipelinedWorkerRole(cfg, topo, start, ck, stop, chunks)
     else:
         role = WorkerRole(cfg, topo, start, ck, stop, chunks)
     summary = role.run()

@@ -15,6 +15,7 @@ from .common import manifest, warm_up_optimizer
 from .config import TrainConfig
 from .faults import kill_at
 from .metrics import MetricsWriter
+from .pipelined.exchange import stage_ps_comm
 from .resume import RunStart
 from .survival import FATAL, OK, Ending, RankStatus, end_of_run
 from .usage import machine_usage
@@ -190,7 +191,12 @@ class ServerRole:
         }
         if self.chunks is not None:
             return self._serve_surviving(events, metrics, common)
-        stats = serve(topo, **common)
+        ps = None
+        if cfg.pipelined:  # the stages send and receive their own parts
+            ps = stage_ps_comm(world, topo.groups, topo.servers)
+        stats = serve(topo, **common, ps=ps)
+        if ps is not None:
+            ps.free()
         metrics.close()
         report = _server_report(stats, topo.rank, events.cpu0)
         reports = world.allgather(report, what="run report")

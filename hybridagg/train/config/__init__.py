@@ -24,6 +24,7 @@ the public constructor, and the checkpoint manifest keeps its flat
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from .aggregation import (
@@ -38,6 +39,7 @@ from .failures import ON_GROUP_FAILURE, FailureOptions
 from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
 from .outputs import LOG_LEVELS, CheckpointOptions, EvaluationOptions, OutputOptions
+from .pipeline import PIPELINE_INCOMPATIBLE, PipelineOptions
 from .training import (
     LOSSES,
     NORMALIZE,
@@ -70,6 +72,7 @@ __all__ = [
     "ModelOptions",
     "OptimOptions",
     "OutputOptions",
+    "PipelineOptions",
     "StalenessOptions",
     "TopologyOptions",
     "TrainConfig",
@@ -90,6 +93,7 @@ class TrainConfig(
     EmulationOptions,
     FailureOptions,
     ComputeOptions,
+    PipelineOptions,
     ExecutionOptions,
     StalenessOptions,
     TopologyOptions,
@@ -146,12 +150,40 @@ class TrainConfig(
                 "--target-accuracy needs --loss cross-entropy: with --loss mse "
                 "validation measures the mean squared error, not accuracy"
             )
+        if self.pipelined:
+            self._check_pipelined()
         if self.max_batch is not None and not (
             self.min_batch <= self.batch_size <= self.max_batch
         ):
             raise ValueError(
                 f"--batch-size {self.batch_size} must lie within --min-batch "
                 f"{self.min_batch} and --max-batch {self.max_batch}"
+            )
+
+    def _check_pipelined(self) -> None:
+        """What a job with pipelined groups refuses (the same on every rank)."""
+        defaults = {f.name: f.default for f in dataclass_fields(self)}
+        for name, what in PIPELINE_INCOMPATIBLE.items():
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"--pipeline-groups does not combine with {what} yet: drop "
+                    f"{flag(name)}"
+                )
+        if self.amp != "none" or self.accumulate != 1 or self.wire != "fp32":
+            raise ValueError(
+                "--pipeline-groups needs --amp none, --accumulate 1 and --wire "
+                "fp32: a pipelined step splits its batch into micro-batches "
+                "itself and its stages push float32 parts"
+            )
+        if self.survives_group_loss:
+            raise ValueError(
+                "--pipeline-groups does not combine with --on-group-failure "
+                "continue yet"
+            )
+        if self.mode == "hybrid" and self.groups == "each":
+            raise ValueError(
+                "--pipeline-groups needs groups of several ranks to pipeline; "
+                "--groups each makes every group one rank"
             )
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,0 +1,414 @@
+"""The worker role of a ``hybridagg train`` job with pipelined groups.
+
+Every worker of such a job holds one stage of its group's replica
+(:mod:`.stages`): a group named by ``--pipeline-groups`` cuts the model
+over its ranks, any other group is one rank holding it whole. Each group's
+stage 0 reads the group's batches from the training split; the batch goes
+through the stages in micro-batches (:class:`~hybridagg.pipeline.PipelineStage`)
+and the gradients are combined across groups as the mode says
+(:mod:`.exchange`). Group 0 validates its replica every ``--eval-every``
+updates and at the end (:mod:`.validate`).
+
+The role meets the servers' role at the same world-level steps as
+:class:`~hybridagg.train.worker.WorkerRole` (two agreements, the servers'
+communicator, the start, the run report), so servers serve a pipelined job
+unchanged apart from where each part comes from.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from ...comm import Comm, solo
+from ...data import HDF5Loader
+from ...data.loader import load_split_info
+from ...pipeline import PipelineStage
+from ...ps.protocol import FLAG_STOP
+from ...topology import Topology
+from ..checkpoint import Checkpointer
+from ..common import make_optimizer
+from ..config import TrainConfig
+from ..config.pipeline import parse_pipeline_groups
+from ..evaluate import Evaluator
+from ..losses import check_task, loss_function
+from ..metrics import MetricsWriter, merge_parts
+from ..models import build_model
+from ..resume import RunStart
+from ..resume_parts import window_blocks_for
+from ..usage import machine_usage
+from ..worker.epochs import Epochs
+from ..worker.report import publish, summarize
+from ..worker.role import raise_if_nonfinite
+from ..worker.setup import training_statistics
+from .exchange import ServerStageUpdate, make_stage_update, stage_ps_comm
+from .layout import PipelineLayout
+from .stages import StageBuild, build_stage
+from .validate import PipelinedValidation
+
+__all__ = ["PipelinedWorkerRole"]
+
+log = logging.getLogger(__name__)
+
+
+class PipelinedWorkerRole:
+    """A worker's part of a job with pipelined groups.
+
+    Args:
+        cfg: The run's options (``cfg.pipelined``).
+        topo: The topology.
+        start: How the run starts (a pipelined job starts fresh).
+        ck: Unused (a pipelined job takes no checkpoints yet; the
+            configuration refuses ``--checkpoint``).
+        stop: The process's stop flag (a signal stops every group).
+        chunks: Unused (``--on-group-failure continue`` is refused).
+    """
+
+    status = None
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        start: RunStart,
+        ck: Checkpointer | None,
+        stop: threading.Event,
+        chunks=None,
+    ) -> None:
+        self.cfg, self.topo, self.start, self.stop = cfg, topo, start, stop
+        self.rank = topo.rank
+        self.world: Comm = topo.comms.world
+
+    # --- set-up ---------------------------------------------------------------
+    def _set_up(self) -> None:
+        """Layout, model, stage and optimizer (the world's "set-up" agreement)."""
+        cfg, topo = self.cfg, self.topo
+        self.layout = PipelineLayout(
+            topo.groups, parse_pipeline_groups(cfg.pipeline_groups, topo.num_groups)
+        )
+        self.g = self.layout.group_of(self.rank)
+        self.k = self.layout.stage_of(self.rank)
+        self.stages = len(self.layout.groups[self.g])
+        self.first, self.last = self.k == 0, self.k == self.stages - 1
+        torch.manual_seed(cfg.seed)  # every group starts from the same weights
+        info = load_split_info([cfg.data], "train")[0]
+        check_task(cfg.loss, info.regression, cfg.data)
+        self.sample_shape = tuple(info.sample_shape)
+        # windows as a data-parallel job of one worker per group reads them
+        self.window_blocks = window_blocks_for(
+            info.length, info.block_samples, topo.num_groups
+        )
+        model = build_model(cfg.model, self.sample_shape, info.num_classes)
+        self.build: StageBuild = build_stage(
+            cfg, self.layout, self.rank, model, self.sample_shape
+        )
+        self.optimizer = make_optimizer(cfg, self.build.module)
+
+    def _data(self) -> None:
+        """Stage 0's training loader (the world's "data" agreement)."""
+        cfg = self.cfg
+        self.loader = None
+        self.evaluator = None
+        if self.readers is None:
+            return
+        self.loader = HDF5Loader(
+            cfg.data,
+            batch_size=cfg.batch_size,
+            comm=self.readers,
+            shares="static" if cfg.mode == "sync" else "dynamic",
+            seed=cfg.seed,
+            window_blocks=self.window_blocks,
+            normalize=cfg.normalize != "none",
+            statistics=self.statistics,
+        )
+        if self.g == 0:
+            self.evaluator = Evaluator(
+                cfg,
+                None,
+                torch.device("cpu"),
+                loss=cfg.loss,
+                statistics=self.statistics,
+            )
+
+    def _agree(self, what: str, build) -> None:
+        err = None
+        try:
+            build()
+        except (ValueError, TypeError, OSError) as exc:
+            err = exc
+        self.world.check(err, what=what)
+
+    # --- the run ----------------------------------------------------------------
+    def run(self) -> dict | None:
+        """Train; returns the summary on rank 0, ``None`` elsewhere."""
+        cfg, topo = self.cfg, self.topo
+        workers = topo.comms.workers
+        # (collective over the workers before anyone may fail, as the whole
+        # replica's set-up does)
+        self.statistics = training_statistics(cfg, workers)
+        self._agree("set-up", self._set_up)
+        # the readers' communicator: every group's stage 0 (collective over
+        # the workers)
+        self.readers = workers.split(
+            0 if self.first else None, self.rank, name="readers"
+        )
+        self._agree("data", self._data)
+        group = topo.comms.group
+        ps = None
+        if cfg.mode != "sync":
+            ps = stage_ps_comm(self.world, self.layout.groups, topo.servers)
+        self.update = make_stage_update(
+            cfg,
+            workers=workers,
+            group=group,
+            ps=ps,
+            layout=self.layout,
+            servers=topo.servers,
+            build=self.build,
+            optimizer=self.optimizer,
+            group_index=self.g,
+        )
+        loss = loss_function(cfg.loss)
+        sample = torch.zeros((1, *self.sample_shape)) if self.first else None
+        self.stage = PipelineStage(
+            self.build.module,
+            group,
+            sample=sample,
+            loss=loss if self.last else None,
+            schedule=cfg.pipeline_schedule,
+            pace=self.build.pace,
+        )
+        self.validation = (
+            PipelinedValidation(
+                self.stage,
+                group,
+                self.evaluator,
+                loss,
+                classify=cfg.loss != "mse",
+                micro_batches=cfg.micro_batches,
+            )
+            if self.g == 0
+            else None
+        )
+        self.metrics = MetricsWriter(cfg.metrics, self.rank)
+        self.world.barrier(what="start of training")
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        if self.rank == 0:
+            log.info(
+                "hybridagg train: %s mode, pipelined groups %s of %s, stage bounds "
+                "over %d units %s, %d servers; model %s",
+                cfg.mode,
+                list(self.layout.pipelined),
+                [list(r) for r in self.layout.groups],
+                len(self.build.units),
+                [list(b) for b in self.build.group_bounds],
+                len(topo.servers),
+                cfg.model,
+            )
+        self.samples = self.steps = self.version = 0
+        self.busy = self.wait = 0.0
+        self.stale_sum = 0
+        self.curve: list[tuple[float, float]] = []
+        self.first_target: float | None = None
+        self.first_target_update: int | None = None
+        self.last_eval = 0
+        self.final = (None, None)
+        self.epochs = Epochs(self.loader, cfg.max_epochs, 0) if self.first else None
+        if self.epochs is not None:
+            self.epochs.begin()
+        if cfg.mode == "sync":
+            self._train_sync(workers)
+        else:
+            self._train_servers(group)
+        return self._finish(group, ps)
+
+    def _next_batch(self):
+        """Stage 0: the group's next batch, ``None`` at an epoch's end; and whether
+        training ends there."""
+        batch = self.epochs.next_batch()
+        if batch is not None:
+            return batch, False
+        return None, self.epochs.end()
+
+    def _step(self, batch) -> tuple[float | None, float]:
+        """The batch through the pipeline; returns its loss (last stage) and seconds."""
+        if self.first and batch is None:  # (sync: this group has none this step)
+            batch = (
+                torch.zeros((0, *self.sample_shape)),
+                torch.zeros(0, dtype=torch.int64),
+            )
+        self.optimizer.zero_grad()
+        loss, _, times = self.stage.step(batch, self.cfg.micro_batches)
+        self.busy += times.wall_s
+        self.wait += times.wait_s
+        return loss, times.wall_s
+
+    def _train_servers(self, group: Comm) -> None:
+        """Hybrid, async: each group steps alone and meets the servers."""
+        update: ServerStageUpdate = self.update  # type: ignore[assignment]
+        while True:
+            batch, end = (None, False)
+            if self.first:
+                batch, end = self._next_batch()
+                while batch is None and not end:  # an epoch ended: the next one
+                    batch, end = self._next_batch()
+            n = 0 if batch is None else len(batch[1])
+            signalled = self.stop.is_set()
+            n, end, signalled = group.bcast(
+                (n, end, signalled) if self.first else None, 0, what="the group's batch"
+            )
+            if end:
+                break
+            loss, seconds = self._step(batch)
+            reply = update.apply(
+                n,
+                flags=FLAG_STOP if signalled else 0,
+                seconds_per_sample=seconds / n,
+            )
+            self._after_update(n, loss, reply["version"], reply.get("staleness", 0))
+            if reply["stop"]:
+                break
+        update.done()
+
+    def _train_sync(self, workers: Comm) -> None:
+        """Sync: every group steps together; the gradients are summed per layer."""
+        cfg = self.cfg
+        me = self.layout.readers.index(self.layout.groups[self.g][0])
+        while True:
+            batch = None
+            if self.first:
+                batch = self.epochs.next_batch()
+            n = 0 if batch is None else len(batch[1])
+            seen = workers.allgather(
+                (n, self.stop.is_set()) if self.first else None,
+                what="the groups' batches",
+            )
+            counts = [s for s in seen if s is not None]
+            total = sum(c for c, _ in counts)
+            if any(stop for _, stop in counts):
+                break
+            if total == 0:  # every group finished the epoch
+                ended = self.epochs.end() if self.first else None
+                ended = workers.allgather(ended, what="the epoch's end")
+                if any(e for e in ended if e is not None):
+                    break
+                continue
+            loss, _ = self._step(batch)
+            reply = self.update.apply(counts[me][0], total)
+            self._after_update(counts[me][0], loss, reply["version"], 0)
+            if cfg.steps is not None and reply["version"] >= cfg.steps:
+                break
+
+    def _after_update(
+        self, n: int, loss: float | None, version: int, stale: int
+    ) -> None:
+        """Count the step, log it, and validate when due (group 0)."""
+        cfg = self.cfg
+        self.steps += 1
+        self.version = version
+        if self.first:
+            self.samples += n
+            self.stale_sum += stale
+        if self.last:
+            self.metrics.write(
+                "step",
+                t=time.perf_counter() - self.t0,
+                version=version,
+                group=self.g,
+                samples=n,
+                loss=loss,
+                staleness=stale,
+            )
+        if self.validation is not None and version // cfg.eval_every > self.last_eval:
+            self.last_eval = version // cfg.eval_every
+            self._validate(version)
+
+    def _validate(self, version: int) -> tuple[float | None, float]:
+        accuracy, loss = self.validation.run()
+        t = time.perf_counter() - self.t0
+        if self.rank == 0:
+            self.metrics.write(
+                "validation", t=t, version=version, accuracy=accuracy, loss=loss
+            )
+            if accuracy is not None:
+                self.curve.append((t, accuracy))
+                target = self.cfg.target_accuracy
+                if (
+                    target is not None
+                    and self.first_target is None
+                    and accuracy >= target
+                ):
+                    self.first_target, self.first_target_update = t, version
+        return accuracy, loss
+
+    # --- the end ---------------------------------------------------------------
+    def _finish(self, group: Comm, ps: Comm | None) -> dict | None:
+        cfg, topo = self.cfg, self.topo
+        wall = time.perf_counter() - self.t0
+        if cfg.mode == "sync":
+            final_version = self.update.finish()
+        else:
+            final_version = self.update.finish(receives_final=self.g == 0)
+        if self.validation is not None:
+            self.final = self._validate(final_version)
+            self.validation.close()
+        if self.epochs is not None:
+            self.epochs.close()
+        if self.loader is not None:
+            self.loader.close()
+        report = {
+            "role": "worker",
+            "samples": self.samples,
+            "busy_s": self.busy,
+            "wait_s": self.wait,
+            "wall_s": wall,
+            "stale_sum": self.stale_sum,
+            "stale_n": self.steps if self.first else 0,
+            "nonfinite": None,
+            **machine_usage(self.cpu0),
+        }
+        reports = self.world.allgather(report, what="run report")
+        self.metrics.close()
+        self.world.barrier(what="metrics written")
+        self.update.free()
+        if ps is not None:
+            ps.free()
+        if self.readers is not None:
+            self.readers.free()
+        topo.comms.free()
+        if self.rank == 0 and cfg.metrics:
+            with solo("the final metrics merge"):
+                merge_parts(cfg.metrics, topo.world_size)
+        raise_if_nonfinite(reports)
+        if self.rank != 0:
+            return None
+        accuracy, loss = self.final
+        summary = summarize(
+            cfg,
+            topo,
+            reports,
+            updates=final_version,
+            epochs=self.epochs.done if self.epochs is not None else 0,
+            time_to_target_s=self.first_target,
+            updates_to_target=self.first_target_update,
+            final_accuracy=accuracy,
+            final_loss=loss,
+            accuracy_curve=self.curve,
+            resumed_from=None,
+            run_id=self.start.run_id,
+            resharded=None,
+        )
+        summary["pipeline"] = {
+            "groups": list(self.layout.pipelined),
+            "units": len(self.build.units),
+            "bounds": [list(b) for b in self.build.group_bounds],
+            "micro_batches": cfg.micro_batches,
+            "schedule": cfg.pipeline_schedule,
+            "partition": cfg.pipeline_partition,
+        }
+        publish(cfg, summary)
+        return summary

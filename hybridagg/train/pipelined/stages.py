@@ -1,0 +1,170 @@
+"""Building a pipelined job's stage on each rank: layers, cuts, pace.
+
+Every rank builds the whole model from the run's seed (so every group
+starts from the same weights), cuts it into pipeline units, measures each
+unit's floating-point operations and output size on one sample, chooses
+every group's stage bounds (the same on every rank: the same inputs and a
+deterministic program), keeps its own stage's layers and lets the rest go.
+Building the whole model first is what lets every rank compute every
+group's cut; a model too large for one rank's memory would need a
+meta-device build, which this does not do yet.
+
+A unit is a layer with parameters plus the parameter-free layers after it
+(activations, flatten): every stage then owns a part of the flat model,
+which is what it exchanges with the servers or sums across groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...pipeline import (
+    FORWARD_SHARE,
+    Link,
+    StagePace,
+    best_partition,
+    even_partition,
+    layer_costs,
+    model_layers,
+)
+from ..config import TrainConfig
+from ..pacing import module_costs
+from .layout import PipelineLayout
+
+__all__ = ["StageBuild", "build_stage", "pipeline_units"]
+
+
+def pipeline_units(layers: list[nn.Module]) -> list[list[int]]:
+    """Indices of the layers in each unit: a layer with parameters and the
+    parameter-free layers after it (those before the first join it).
+
+    Raises:
+        ValueError: No layer has parameters.
+    """
+    units: list[list[int]] = []
+    leading: list[int] = []
+    for i, layer in enumerate(layers):
+        has = any(True for _ in layer.parameters())
+        if has:
+            units.append([*leading, i])
+            leading = []
+        elif units:
+            units[-1].append(i)
+        else:
+            leading.append(i)
+    if not units:
+        raise ValueError("a pipelined model needs a layer with parameters")
+    return units
+
+
+@dataclass
+class StageBuild:
+    """This rank's stage and what every rank agreed about the job's cuts.
+
+    Attributes:
+        module: This rank's layers.
+        units: The model's units (each an ``nn.Sequential``).
+        group_bounds: Every group's stage bounds over the units.
+        unit_seconds: Each unit's cost (floating-point operations on one
+            sample; parameters where none is counted), the partition's input.
+        unit_numels: Parameters of each unit.
+        pace: This stage's emulated compute (``None``: not paced).
+        share: This stage's part of the model's cost.
+    """
+
+    module: nn.Sequential
+    units: list[nn.Sequential]
+    group_bounds: list[tuple[int, ...]]
+    unit_seconds: list[float]
+    unit_numels: list[int]
+    pace: StagePace | None
+    share: float
+
+
+def _check_model(model: nn.Module) -> None:
+    floating = [n for n, b in model.named_buffers() if b.is_floating_point()]
+    if floating:
+        raise ValueError(
+            "--pipeline-groups needs a model without floating buffers (BatchNorm's "
+            f"running statistics travel with the whole model); this one has {floating[:3]}"
+        )
+    params = [p for layer in model_layers(model) for p in layer.parameters()]
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError(
+            "--pipeline-groups needs a model whose pipeline layers share no "
+            "parameter (tied weights would live on two stages)"
+        )
+
+
+def build_stage(
+    cfg: TrainConfig,
+    layout: PipelineLayout,
+    rank: int,
+    model: nn.Module,
+    sample_shape: tuple[int, ...],
+) -> StageBuild:
+    """Cut ``model`` for the job and keep this rank's stage.
+
+    Args:
+        cfg: The run's options (partition, --slowdown, --sample-ms).
+        layout: The job's groups.
+        rank: This worker's world rank.
+        model: The whole model, built from the run's seed.
+        sample_shape: One sample's shape (without the batch dimension).
+
+    Raises:
+        ValueError: A model the job cannot pipeline, or a group with more
+            stages than the model has units.
+    """
+    _check_model(model)
+    layers = model_layers(model)
+    index = pipeline_units(layers)
+    units = [nn.Sequential(*(layers[i] for i in unit)) for unit in index]
+    sample = torch.zeros((1, *sample_shape))
+    flops = layer_costs(model, module_costs(model, sample))
+    numels = [sum(p.numel() for p in u.parameters()) for u in units]
+    seconds = [sum(flops[i] for i in unit) for unit in index]
+    if not any(s > 0 for s in seconds):
+        seconds = [float(n) for n in numels]  # (no counted operation: by size)
+    # per sample, what crosses each boundary (the partition's messages)
+    sizes = []
+    with torch.no_grad():
+        x = sample
+        for unit in units[:-1]:
+            x = unit(x)
+            sizes.append(float(x.numel() * x.element_size()))
+    slowdown = cfg.parsed_slowdown()
+    bounds = []
+    for g, ranks in enumerate(layout.groups):
+        if len(ranks) > len(units):
+            raise ValueError(
+                f"group {g} has {len(ranks)} ranks but model {cfg.model!r} has "
+                f"only {len(units)} pipeline units (layers with parameters)"
+            )
+        if len(ranks) == 1:
+            bounds.append((0, len(units)))
+        elif cfg.pipeline_partition == "even":
+            bounds.append(tuple(even_partition(seconds, len(ranks))))
+        else:
+            speeds = [1.0 / slowdown.factor(r) for r in ranks]
+            bounds.append(tuple(best_partition(seconds, speeds, sizes, Link()).bounds))
+    g, k = layout.group_of(rank), layout.stage_of(rank)
+    lo, hi = bounds[g][k], bounds[g][k + 1]
+    share = sum(seconds[lo:hi]) / sum(seconds)
+    pace = None
+    if cfg.sample_ms > 0 or slowdown.factor(rank) != 1.0:
+        per_sample = cfg.sample_ms / 1000.0 * share * slowdown.factor(rank)
+        forward = FORWARD_SHARE * per_sample
+        pace = StagePace(forward_s=forward, backward_s=per_sample - forward)
+    return StageBuild(
+        module=nn.Sequential(*units[lo:hi]),
+        units=units,
+        group_bounds=bounds,
+        unit_seconds=seconds,
+        unit_numels=numels,
+        pace=pace,
+        share=share,
+    )
