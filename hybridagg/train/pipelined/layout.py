@@ -39,6 +39,12 @@ class PipelineLayout:
     pipelined: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        lone = [g for g in self.pipelined if len(self.groups[g]) < 2]
+        if lone:
+            raise ValueError(
+                f"--pipeline-groups names group(s) {lone} of one rank: a "
+                "pipeline needs at least two ranks"
+            )
         wide = [
             g
             for g, ranks in enumerate(self.groups)
@@ -50,12 +56,6 @@ class PipelineLayout:
                 "--pipeline-groups: in a job with pipelined groups every other "
                 "group is one rank holding a whole replica (name them in "
                 "--pipeline-groups, or split them with --groups)"
-            )
-        lone = [g for g in self.pipelined if len(self.groups[g]) < 2]
-        if lone:
-            raise ValueError(
-                f"--pipeline-groups names group(s) {lone} of one rank: a "
-                "pipeline needs at least two ranks"
             )
 
     def group_of(self, rank: int) -> int:

@@ -1,0 +1,251 @@
+"""``hybridagg train --pipeline-groups``: pipelined groups in a whole training job.
+
+The pure parts (the layout, the owners of each part, the units and cuts, the
+options) are checked here directly; the job is run under a real ``mpiexec``
+and compared with the data-parallel job it must equal: a pipelined group
+computes the gradient of its replica, so a job whose group is pipelined
+takes the same updates as one whose group is one rank holding the replica.
+"""
+
+import re
+
+import pytest
+from torch import nn
+from train_helpers import output, run_train, summary
+
+from hybridagg.pipeline import SCHEDULES
+from hybridagg.ps.owners import PartOwners, check_owners, owner_cuts
+from hybridagg.ps.shards import part_ranges
+from hybridagg.train.config import TrainConfig
+from hybridagg.train.config.pipeline import SCHEDULE_NAMES, parse_pipeline_groups
+from hybridagg.train.models import mlp
+from hybridagg.train.pipelined import (
+    PipelineLayout,
+    build_stage,
+    flat_owners,
+    pipeline_units,
+    ps_order,
+)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from hybridagg.data import convert_digits
+
+    path = tmp_path_factory.mktemp("data") / "digits.h5"
+    convert_digits(path, val_fraction=0.2, seed=0, progress=False)
+    return str(path)
+
+
+# ------------------------------------------------------------------ pure logic
+def test_parts_are_cut_at_every_stage_boundary():
+    parts = part_ranges(100, 30, cuts=[10, 55, 0, 100, 140])
+    assert parts[0] == (0, 10)
+    ends = {b for _, b in parts}
+    assert {10, 55, 100} <= ends
+    assert all(b - a <= 30 for a, b in parts)
+    assert [a for a, _ in parts[1:]] == [b for _, b in parts[:-1]]  # they tile
+    assert part_ranges(100, 30) == part_ranges(100, 30, cuts=[])
+
+
+def test_each_part_goes_to_the_stage_holding_it():
+    owners = {1: [(0, 40, 1), (40, 100, 5)]}
+    check_owners(owners, 100, num_groups=2)
+    assert owner_cuts(owners) == (40,)
+    # a server whose shard is [30, 100): its parts, cut at 40 - 30 = 10
+    parts = part_ranges(70, 25, cuts=[c - 30 for c in owner_cuts(owners)])
+    route = PartOwners(owners, 30, parts)
+    assert [route.of(1, i) for i in range(len(parts))] == [1] + [5] * (len(parts) - 1)
+    assert all(route.of(0, i) == 0 for i in range(len(parts)))  # a whole replica
+    with pytest.raises(ValueError, match="straddles a stage boundary"):
+        PartOwners(owners, 30, [(0, 70)])
+
+
+@pytest.mark.parametrize(
+    "owners,match",
+    [
+        ({0: [(0, 40, 0), (50, 100, 3)]}, "tile the flat model"),
+        ({0: [(0, 60, 0), (40, 100, 3)]}, "tile the flat model"),
+        ({0: [(0, 40, 0), (40, 90, 3)]}, "end at 90"),
+        ({2: [(0, 100, 2)]}, "name group 2"),
+    ],
+)
+def test_owners_that_do_not_tile_the_model_are_refused(owners, match):
+    with pytest.raises(ValueError, match=match):
+        check_owners(owners, 100, num_groups=2)
+
+
+def test_pipeline_groups_spec():
+    assert parse_pipeline_groups(None, 3) == ()
+    assert parse_pipeline_groups("all", 3) == (0, 1, 2)
+    assert parse_pipeline_groups("2,0", 3) == (0, 2)
+    for bad, match in [("0,0", "repeats"), ("3", "names group"), ("a", "indices")]:
+        with pytest.raises(ValueError, match=match):
+            parse_pipeline_groups(bad, 3)
+
+
+def test_layout_and_the_servers_communicator_order():
+    layout = PipelineLayout(((0, 1, 2), (3,), (4, 5)), pipelined=(0, 2))
+    assert layout.readers == (0, 3, 4)
+    assert (layout.group_of(5), layout.stage_of(5)) == (2, 1)
+    # leaders as the protocol numbers them, then the servers, then the stages
+    assert ps_order(layout.groups, (6, 7)) == [0, 3, 4, 6, 7, 1, 2, 5]
+    with pytest.raises(ValueError, match=r"group\(s\) \[1\] have several ranks"):
+        PipelineLayout(((0, 1), (2, 3)), pipelined=(0,))
+    with pytest.raises(ValueError, match="of one rank"):
+        PipelineLayout(((0, 1), (2,)), pipelined=(1,))
+
+
+def test_flat_owners_follow_each_groups_cut():
+    order = ps_order([(0, 1), (2,)], (3,))  # [0, 2, 3, 1]
+    owners = flat_owners([(0, 1), (2,)], [(0, 2, 3), (0, 3)], [10, 20, 5], order)
+    assert owners == {0: [(0, 30, 0), (30, 35, 3)], 1: [(0, 35, 1)]}
+    check_owners(owners, 35, num_groups=2)
+
+
+def test_units_keep_parameter_free_layers_with_a_layer_that_has_some():
+    model = mlp((8, 8), 10)  # Flatten, Linear, ReLU, Linear, ReLU, Linear
+    assert pipeline_units(list(model.children())) == [[0, 1, 2], [3, 4], [5]]
+    with pytest.raises(ValueError, match="layer with parameters"):
+        pipeline_units([nn.ReLU(), nn.Flatten()])
+
+
+def _config(**kw):
+    return TrainConfig(data="d.h5", mode="hybrid", pipeline_groups="0", **kw)
+
+
+def test_the_cut_follows_the_ranks_speeds_unless_even():
+    layout = PipelineLayout(((0, 1), (2,)), pipelined=(0,))
+    # rank 1 four times slower: it takes only the small last layer
+    auto = build_stage(_config(slowdown="1:4"), layout, 0, mlp((8, 8), 10), (8, 8))
+    even = build_stage(
+        _config(slowdown="1:4", pipeline_partition="even"),
+        layout,
+        1,
+        mlp((8, 8), 10),
+        (8, 8),
+    )
+    assert auto.group_bounds == [(0, 2, 3), (0, 3)]
+    assert even.group_bounds == [(0, 1, 3), (0, 3)]
+    assert len(list(auto.module.children())) == 2  # rank 0: units 0 and 1
+    # the pace is this stage's share of the model at this rank's speed
+    paced = build_stage(
+        _config(slowdown="1:4", sample_ms=1.0), layout, 1, mlp((8, 8), 10), (8, 8)
+    )
+    per_sample = paced.pace.forward_s + paced.pace.backward_s
+    assert per_sample == pytest.approx(1e-3 * paced.share * 4)
+    assert 0 < paced.share < 0.1
+
+
+def test_models_that_cannot_be_pipelined_are_refused():
+    layout = PipelineLayout(((0, 1), (2,)), pipelined=(0,))
+    bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="floating buffers"):
+        build_stage(_config(), layout, 0, bn, (4,))
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    second.weight = first.weight  # tied
+    with pytest.raises(ValueError, match="share no parameter"):
+        build_stage(_config(), layout, 0, nn.Sequential(first, second), (4,))
+    wide = PipelineLayout(((0, 1, 2, 3), (4,)), pipelined=(0,))
+    with pytest.raises(ValueError, match="only 3 pipeline units"):
+        build_stage(_config(), wide, 0, mlp((8, 8), 10), (8, 8))
+
+
+def test_options_a_pipelined_job_refuses():
+    assert tuple(SCHEDULES) == SCHEDULE_NAMES
+    for kw, match in [
+        ({"checkpoint": "ck"}, "checkpoints"),
+        ({"adaptive_batch": True}, "adaptive batches"),
+        ({"amp": "bf16"}, "--amp none"),
+        ({"save_model": "m.pt"}, "--save-model"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _config(**kw)
+    with pytest.raises(ValueError, match="must name groups"):
+        TrainConfig(data="d.h5", pipeline_groups=" ")
+
+
+# ------------------------------------------------------------------ whole jobs
+def _run(digits, tmp_path, name, nranks, args):
+    out = tmp_path / f"{name}.json"
+    common = ["--data", digits, "--no-progress", "--batch-size", "32", "--lr", "0.1"]
+    result = run_train(nranks, [*common, *args, "--summary", str(out)], timeout=150)
+    assert result.returncode == 0, output(result)[-3000:]
+    return summary(out)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_pipelined_group_pushes_what_a_whole_replica_pushes(
+    digits, tmp_path, servers
+):
+    """One group with the servers: two stages, or one rank with the whole model."""
+    args = ["--mode", "hybrid", "--servers", str(servers), "--steps", "30"]
+    args += ["--eval-every", "1000"]
+    whole = _run(digits, tmp_path, "whole", 1 + servers, [*args, "--groups", "0"])
+    piped = _run(
+        digits,
+        tmp_path,
+        "piped",
+        2 + servers,
+        [*args, "--groups", "0-1", "--pipeline-groups", "0", "--micro-batches", "3"],
+    )
+    assert (
+        piped["pipeline"]["bounds"][0][0] == 0
+        and len(piped["pipeline"]["bounds"][0]) == 3
+    )
+    assert piped["steps"] == whole["steps"] == 30
+    assert piped["samples"] == whole["samples"]
+    # micro-batches sum the gradient in another order: float tolerance
+    assert piped["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-5)
+    assert piped["final_accuracy"] == pytest.approx(whole["final_accuracy"], abs=2e-3)
+
+
+def test_sync_with_a_pipelined_group_equals_data_parallel_sync(digits, tmp_path):
+    """A pipeline of 3 stages and a rank alone, against two ranks (past an epoch)."""
+    args = ["--mode", "sync", "--steps", "30", "--eval-every", "1000"]
+    dp = _run(digits, tmp_path, "dp", 2, [*args, "--groups", "0,1"])
+    piped = _run(
+        digits,
+        tmp_path,
+        "piped",
+        4,
+        [*args, "--groups", "0-2,3", "--pipeline-groups", "0", "--micro-batches", "2"],
+    )
+    assert piped["pipeline"]["bounds"][0] == [0, 1, 2, 3]
+    assert piped["steps"] == dp["steps"] == 30
+    assert piped["samples"] == dp["samples"] > 30 * 64 - 64  # past the epoch
+    assert piped["final_loss"] == pytest.approx(dp["final_loss"], rel=1e-5)
+
+
+def test_a_pipelined_group_inside_a_hybrid_job_converges_on_digits(digits, tmp_path):
+    """A 2-stage pipeline, a rank alone 4x slower than the pipeline's ranks, a server."""
+    args = ["--mode", "hybrid", "--groups", "0-1,2", "--servers", "1"]
+    args += ["--pipeline-groups", "0", "--epochs", "8", "--slowdown", "2:4"]
+    args += ["--sample-ms", "0.5", "--eval-every", "40"]
+    s = _run(digits, tmp_path, "hybrid", 4, args)
+    assert s["final_accuracy"] > 0.9, s
+    assert s["pipeline"]["groups"] == [0]
+    curve = [a for _, a in s["accuracy_curve"]]
+    assert len(curve) >= 3 and curve[-1] > curve[0]  # validated during training
+    assert s["mean_staleness"] > 0  # the groups really ran asynchronously
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--groups", "0-1,2", "--pipeline-groups", "1"], "of one rank"),
+        (["--groups", "0-1,2-3", "--pipeline-groups", "0"], "have several ranks"),
+        (
+            ["--groups", "0-1,2", "--pipeline-groups", "0", "--model", "resnet"],
+            "floating buffers",
+        ),
+    ],
+)
+def test_bad_pipeline_settings_stop_every_rank_with_one_message(digits, args, match):
+    full = ["--data", digits, "--no-progress", "--steps", "3", "--mode", "sync", *args]
+    result = run_train(4 if "0-1,2-3" in args else 3, full, timeout=90)
+    text = output(result)
+    assert result.returncode != 0
+    assert "Traceback" not in text, text[-3000:]
+    assert re.search(match, text), text[-3000:]
+    assert text.count("hybridagg train: error:") == 1, text[-3000:]
