@@ -16,6 +16,7 @@ which is what it exchanges with the servers or sums across groups.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,18 @@ def _check_model(model: nn.Module) -> None:
         )
 
 
+def _measured(model: nn.Module, sample: torch.Tensor, n: int = 32) -> float:
+    """Seconds per sample of the whole model's forward and backward here (best of 3)."""
+    batch = sample.expand(n, *sample.shape[1:]).contiguous()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        model(batch).float().sum().backward()
+        best = min(best, time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return best / n
+
+
 def build_stage(
     cfg: TrainConfig,
     layout: PipelineLayout,
@@ -156,7 +169,11 @@ def build_stage(
     share = sum(seconds[lo:hi]) / sum(seconds)
     pace = None
     if cfg.sample_ms > 0 or slowdown.factor(rank) != 1.0:
-        per_sample = cfg.sample_ms / 1000.0 * share * slowdown.factor(rank)
+        # --sample-ms is the whole model's time per sample; without it, the
+        # real time measured here, stretched by the factor (as a whole
+        # replica's pacer stretches its measured step)
+        base = cfg.sample_ms / 1000.0 if cfg.sample_ms > 0 else _measured(model, sample)
+        per_sample = base * share * slowdown.factor(rank)
         forward = FORWARD_SHARE * per_sample
         pace = StagePace(forward_s=forward, backward_s=per_sample - forward)
     return StageBuild(
