@@ -178,7 +178,44 @@ def test_without_checkpoints_nothing_is_requested_but_a_stop_still_stops():
 def test_a_stop_request_asks_for_one_checkpoint():
     plan = CheckpointSchedule(every=None, enabled=True)
     assert plan.request_stop() and plan.requested == 1 and plan.stopping
+    assert plan.stop_flag(0)  # told together with its checkpoint
     assert not plan.request_stop() and plan.requested == 1
+
+
+def test_a_stop_during_a_pending_checkpoint_waits_for_it_then_takes_its_own():
+    """The race behind a chain link that resumed with nothing left to train.
+
+    Group 0 saved its part of checkpoint 1 and paused; the stop came before
+    group 1 saved its part. Told at once, the stop reached group 0 only
+    through its first push after checkpoint 1 (it had nothing left to save),
+    so that push landed after the last checkpoint with a worker's part, and
+    the servers' last checkpoint at the end held it, no worker's part and
+    every group as finished: the resumed run trained nothing.
+    """
+    plan = CheckpointSchedule(every=40, enabled=True, budget=160)
+    assert plan.request_due(40) and plan.requested == 1
+    plan.pause(0, 1)
+    assert plan.request_stop() and plan.stopping
+    assert plan.requested == 1 and not plan.stop_flag(41)  # not told yet
+    plan.pause(1, 1)
+    assert plan.ready(2, done=set())
+    assert sorted(plan.record_save(1, version=41)) == [0, 1]
+    # now the stop's own checkpoint, told with the stop: every group saves it
+    assert plan.requested == 2 and plan.pending and plan.stop_flag(41)
+    assert not plan.request_due(80) and not plan.request_stop()
+    plan.pause(0, 2)
+    plan.pause(1, 2)
+    assert plan.ready(2, done=set()) and plan.snapshot_number() == 2
+    plan.record_save(2, version=43)
+    assert (plan.requested, plan.saved, plan.saved_version) == (2, 2, 43)
+    assert plan.stop_flag(43) and not plan.pending
+
+
+def test_a_server_other_than_0_never_requests_a_stop_checkpoint():
+    plan = CheckpointSchedule(every=40, enabled=True)
+    plan.pause(0, 1)  # it learns checkpoint 1 from the leaders' CKPT
+    plan.record_save(1, version=40)
+    assert (plan.requested, plan.saved) == (1, 1) and not plan.stop_flag(40)
 
 
 def test_a_snapshot_waits_for_every_running_leader():

@@ -429,24 +429,7 @@ def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        ranks = []
-        while time.monotonic() < deadline and len(ranks) < 3:
-            time.sleep(0.5)
-            ranks = [
-                int(p)
-                for p in subprocess.run(
-                    ["pgrep", "-f", f"hybridagg.cli train --data {digits}"],
-                    capture_output=True,
-                    text=True,
-                ).stdout.split()
-                if int(p) != proc.pid
-            ]
-            ranks = [p for p in ranks if _parent(p) != os.getpid()]
-        # a rank is found as soon as it is exec'd, but catches the signal only
-        # once the CLI has installed its handler (after Python and the package
-        # start, which took over 4 s on a loaded machine)
-        while time.monotonic() < deadline and not all(map(_catches_usr1, ranks)):
-            time.sleep(0.2)
+        ranks = _rank_pids(f"hybridagg.cli train --data {digits}", proc, 3, deadline)
         time.sleep(4)  # let training start
         for pid in ranks:
             os.kill(pid, signal.SIGUSR1)
@@ -459,6 +442,100 @@ def test_sigusr1_checkpoints_and_stops_cleanly(digits, tmp_path):
     s = summary(tmp_path / "s.json")
     assert latest is not None and 0 < s["steps"] < 100000
     assert load_part(latest, 0)["updates"] == s["steps"]
+
+
+def test_a_hybrid_stop_while_a_checkpoint_is_pending_resumes_and_finishes(
+    digits, tmp_path
+):
+    """A signal that comes while a checkpoint is pending: the next job trains on.
+
+    The fast group saved its part of a checkpoint and waits for the slow one
+    (20x slower, in the middle of a step) when every rank gets SIGUSR1. The
+    stop used to ride on that checkpoint: the fast group, released after it
+    with nothing left to save, pushed once more before it learnt of the stop,
+    so the servers' last checkpoint at the end held that update, no worker's
+    part and every group as finished; the resumed run then trained nothing
+    and reported the budget unmet as a finished run (a chain of Slurm jobs
+    lost the rest of its training).
+    """
+    from hybridagg.runtime import runner
+
+    ck, steps = tmp_path / "ck", 200
+    args = ["--data", digits, "--mode", "hybrid", "--groups", "0-1,2"]
+    args += ["--servers", "1", "--steps", str(steps), "--sample-ms", "2"]
+    args += ["--slowdown", "0-1:1,2:20", "--no-progress", "--checkpoint", str(ck)]
+    args += ["--checkpoint-every", "20", "--summary", str(tmp_path / "s.json")]
+    argv = runner.mpiexec_argv(
+        4, [sys.executable, "-m", "hybridagg.cli", "train", *args]
+    )
+    env = runner.mpiexec_env()
+    env["HYBRIDAGG_TIMEOUT"] = "60"
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        ranks = _rank_pids(
+            f"hybridagg.cli train .*--checkpoint {ck}", proc, 4, deadline
+        )
+        pending = None  # a checkpoint group 0 saved its part of, and group 1 not yet
+        while pending is None and time.monotonic() < deadline and proc.poll() is None:
+            for stage in sorted(ck.glob(".staging-*")):
+                if (stage / "rank-00000.pt").exists() and not (
+                    stage / "rank-00002.pt"
+                ).exists():
+                    pending = stage.name
+                    break
+            else:
+                time.sleep(0.01)
+        assert pending is not None, "never saw a checkpoint group 1 had not saved"
+        for pid in ranks:
+            os.kill(pid, signal.SIGUSR1)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, text[-3000:]
+    first = summary(tmp_path / "s.json")
+    assert 0 < first["steps"] < steps
+    latest = latest_checkpoint(ck)
+    manifest = json.loads((latest / "manifest.json").read_text())
+    # the stop's checkpoint: every group stopped mid-run, none finished
+    assert manifest["done_groups"] == [], (pending, manifest)
+    assert all(load_part(latest, rank) is not None for rank in range(4))
+    assert manifest["version"] == first["steps"]  # nothing pushed after it
+    resumed = run_train(4, [*args, "--resume"])
+    assert resumed.returncode == 0, output(resumed)[-2000:]
+    s = summary(tmp_path / "s.json")
+    assert s["resumed_from"] == str(latest)
+    assert s["steps"] >= steps, (pending, first["steps"], s["steps"])
+
+
+def _rank_pids(pattern: str, proc: subprocess.Popen, n: int, deadline: float) -> list:
+    """The ``n`` ranks of ``proc``'s job (command lines matching ``pattern``),
+    once each catches SIGUSR1."""
+    ranks = []
+    while time.monotonic() < deadline and len(ranks) < n:
+        time.sleep(0.5)
+        ranks = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-f", pattern], capture_output=True, text=True
+            ).stdout.split()
+            if int(p) != proc.pid
+        ]
+        ranks = [p for p in ranks if _parent(p) != os.getpid()]
+    # a rank is found as soon as it is exec'd, but catches the signal only
+    # once the CLI has installed its handler (after Python and the package
+    # start, which took over 4 s on a loaded machine)
+    while time.monotonic() < deadline and not all(map(_catches_usr1, ranks)):
+        time.sleep(0.2)
+    return ranks
 
 
 def _catches_usr1(pid: int) -> bool:

@@ -9,6 +9,17 @@ holds exactly the pushes sent before each leader's ``CKPT``: one consistent
 cut, although the groups run asynchronously) and continues. The other
 servers report to server 0 when they have saved, and server 0 commits.
 
+A stop (a signal: the job is to end and resume later) is taken with a
+checkpoint of its own, requested with the stop in the same replies, so
+every group that is told to stop saves its part of it and pushes nothing
+after it. A stop requested while checkpoint ``c`` is pending waits for
+``c``: a group that has already saved its part of ``c`` would otherwise
+be told to stop only by its next push, applied after ``c``'s snapshot, and
+the servers' last checkpoint at the end (taken when any update came
+after the last one; meant for groups that all finished) would then hold
+those updates, no part of any worker, and every group as finished, so a
+resumed run would train nothing.
+
 :class:`CheckpointSchedule` is the bookkeeping (pure logic);
 :class:`CheckpointCoordinator` adds the callbacks and the reports.
 """
@@ -44,6 +55,9 @@ class CheckpointSchedule:
         saved_version: The version it saved.
         committed: Newest checkpoint committed (server 0).
         stopping: A stop was requested (server 0).
+        stop_checkpoint: The checkpoint the stop is taken with (``None``:
+            no stop, or one waiting for the pending checkpoint; 0:
+            checkpoints are off).
         paused: Leaders that sent ``CKPT``, and the checkpoint each reached.
         written: Server 0: the servers that saved each checkpoint.
     """
@@ -61,6 +75,7 @@ class CheckpointSchedule:
         self.requested = self.saved = self.committed = restored
         self.saved_version = version
         self.stopping = False
+        self.stop_checkpoint: int | None = None
         self.paused: dict[int, int] = {}
         self.written: dict[int, set[int]] = {}
 
@@ -70,9 +85,13 @@ class CheckpointSchedule:
         return self.requested > self.saved
 
     def stop_flag(self, version: int) -> bool:
-        """Whether replies tell every group to stop."""
+        """Whether replies tell every group to stop.
+
+        A requested stop is told only with its own checkpoint (a stop that
+        waits for the pending checkpoint is not told yet).
+        """
         over = self.budget is not None and version >= self.budget
-        return over or self.stopping
+        return over or self.stop_checkpoint is not None
 
     def request_due(self, version: int) -> bool:
         """Server 0, after an update: request a checkpoint if one is due.
@@ -94,14 +113,21 @@ class CheckpointSchedule:
     def request_stop(self) -> bool:
         """Server 0: stop every group, after a checkpoint if checkpointing.
 
+        The stop's checkpoint is requested now, or, while another is pending,
+        once that one is saved (:meth:`record_save`); groups are told to
+        stop from then on, together with the checkpoint to save first.
+
         Returns:
             Whether this is the first stop request.
         """
         if self.stopping:
             return False
         self.stopping = True
-        if self.enabled and self.requested == self.saved:
+        if not self.enabled:
+            self.stop_checkpoint = 0
+        elif not self.pending:
             self.requested += 1
+            self.stop_checkpoint = self.requested
         return True
 
     def pause(self, leader: int, number: int) -> None:
@@ -124,12 +150,19 @@ class CheckpointSchedule:
     def record_save(self, number: int, version: int) -> list[int]:
         """This server saved ``number`` at ``version``.
 
+        Server 0, with a stop waiting for this checkpoint: requests the stop's
+        own checkpoint, and the stop is told from now on.
+
         Returns:
             The leaders paused for it, now released.
         """
         self.saved_version = version
         self.saved = max(self.saved, number)
         self.requested = max(self.requested, number)
+        if self.stopping and self.stop_checkpoint is None and not self.pending:
+            # the stop waited for this one: now its own checkpoint, and the stop
+            self.requested += 1
+            self.stop_checkpoint = self.requested
         released = list(self.paused)
         self.paused.clear()
         return released

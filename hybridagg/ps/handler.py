@@ -495,6 +495,9 @@ class RequestHandler:
         for g in self.checkpoints.save(number, state, store.version):
             if g not in book.done:  # (at the end, every leader is done)
                 self.listen(g)
+        if self.server == 0 and self.schedule.stopping:
+            # a stop that waited for this checkpoint is told now, with its own
+            self.release_held(everyone=True)
 
 
 def _forget(req: MPI.Request) -> None:

@@ -318,6 +318,10 @@ class WorkerRole:
             if result.total_samples == 0:  # every worker in the reduction ran out
                 if self.epochs.end():
                     break
+                if cfg.mode != "sync":
+                    # --overlap: this step took the last push's reply, which may
+                    # ask for a checkpoint with a stop; save it before stopping
+                    self.checkpoints.maybe_write(signalled)
                 continue
             last = self.epochs.ended_with(opt.shared[:, MORE])
             self.checkpoints.maybe_write(signalled)
