@@ -249,3 +249,12 @@ def test_bad_pipeline_settings_stop_every_rank_with_one_message(digits, args, ma
     assert "Traceback" not in text, text[-3000:]
     assert re.search(match, text), text[-3000:]
     assert text.count("hybridagg train: error:") == 1, text[-3000:]
+
+
+def test_a_slow_last_stage_finishes_its_last_push(digits, tmp_path):
+    """The leader has its reply before a slow stage's parts arrive: no early DONE."""
+    args = ["--mode", "hybrid", "--groups", "0-1", "--servers", "1", "--steps", "6"]
+    args += ["--pipeline-groups", "0", "--pipeline-partition", "even"]
+    args += ["--slowdown", "1:4", "--sample-ms", "4", "--eval-every", "1000"]
+    s = _run(digits, tmp_path, "slow-last", 3, args)
+    assert s["steps"] == 6 and s["samples"] == 6 * 32

@@ -243,7 +243,15 @@ class StageClient:
         unflatten_from(self.flat_weights, self.params)
 
     def done(self, nonfinite: int | None = None) -> None:
-        """The leader tells every server the group is finished (others: nothing)."""
+        """The leader tells every server the group is finished (collective over the group).
+
+        The server answers the header of a push as soon as it counts it, so
+        the leader may have its whole reply while another stage's parts of
+        that push are still on their way; a ``DONE`` sent then would end the
+        server with the push half applied and that stage waiting for its
+        reply. Every stage has its reply once the group meets here.
+        """
+        self.group.barrier(what="every stage's last reply, before done")
         if not self.is_leader:
             return
         request = (

@@ -26,7 +26,7 @@ import torch
 from ...comm import Comm, solo
 from ...data import HDF5Loader
 from ...data.loader import load_split_info
-from ...pipeline import PipelineStage
+from ...pipeline import PipelineStage, StepTimes
 from ...ps.protocol import FLAG_STOP
 from ...topology import Topology
 from ..checkpoint import Checkpointer
@@ -234,8 +234,8 @@ class PipelinedWorkerRole:
             return batch, False
         return None, self.epochs.end()
 
-    def _step(self, batch) -> tuple[float | None, float]:
-        """The batch through the pipeline; returns its loss (last stage) and seconds."""
+    def _step(self, batch) -> tuple[float | None, StepTimes]:
+        """The batch through the pipeline; returns its loss (last stage) and times."""
         if self.first and batch is None:  # (sync: this group has none this step)
             batch = (
                 torch.zeros((0, *self.sample_shape)),
@@ -244,18 +244,26 @@ class PipelinedWorkerRole:
         self.optimizer.zero_grad()
         loss, _, times = self.stage.step(batch, self.cfg.micro_batches)
         self.busy += times.wall_s
-        self.wait += times.wait_s
-        return loss, times.wall_s
+        return loss, times
+
+    def _fetch(self):
+        """Stage 0: the group's next batch (``None`` at an epoch's end), whether
+        training ends there, and the seconds waited for the loader."""
+        before = self.loader.stats.wait_seconds
+        batch, end = self._next_batch()
+        while batch is None and not end:  # an epoch ended: the next one
+            batch, end = self._next_batch()
+        waited = self.loader.stats.wait_seconds - before
+        self.wait += waited
+        return batch, end, waited
 
     def _train_servers(self, group: Comm) -> None:
         """Hybrid, async: each group steps alone and meets the servers."""
         update: ServerStageUpdate = self.update  # type: ignore[assignment]
         while True:
-            batch, end = (None, False)
+            batch, end, waited = (None, False, 0.0)
             if self.first:
-                batch, end = self._next_batch()
-                while batch is None and not end:  # an epoch ended: the next one
-                    batch, end = self._next_batch()
+                batch, end, waited = self._fetch()
             n = 0 if batch is None else len(batch[1])
             signalled = self.stop.is_set()
             n, end, signalled = group.bcast(
@@ -263,13 +271,15 @@ class PipelinedWorkerRole:
             )
             if end:
                 break
-            loss, seconds = self._step(batch)
+            loss, times = self._step(batch)
+            t1 = time.perf_counter()
             reply = update.apply(
                 n,
                 flags=FLAG_STOP if signalled else 0,
-                seconds_per_sample=seconds / n,
+                seconds_per_sample=times.wall_s / n,
             )
-            self._after_update(n, loss, reply["version"], reply.get("staleness", 0))
+            comm = time.perf_counter() - t1
+            self._after_update(n, loss, reply, times, comm, waited)
             if reply["stop"]:
                 break
         update.done()
@@ -279,9 +289,12 @@ class PipelinedWorkerRole:
         cfg = self.cfg
         me = self.layout.readers.index(self.layout.groups[self.g][0])
         while True:
-            batch = None
+            batch, waited = None, 0.0
             if self.first:
+                before = self.loader.stats.wait_seconds
                 batch = self.epochs.next_batch()
+                waited = self.loader.stats.wait_seconds - before
+                self.wait += waited
             n = 0 if batch is None else len(batch[1])
             seen = workers.allgather(
                 (n, self.stop.is_set()) if self.first else None,
@@ -297,32 +310,53 @@ class PipelinedWorkerRole:
                 if any(e for e in ended if e is not None):
                     break
                 continue
-            loss, _ = self._step(batch)
+            loss, times = self._step(batch)
+            t1 = time.perf_counter()
             reply = self.update.apply(counts[me][0], total)
-            self._after_update(counts[me][0], loss, reply["version"], 0)
+            comm = time.perf_counter() - t1
+            self._after_update(counts[me][0], loss, reply, times, comm, waited)
             if cfg.steps is not None and reply["version"] >= cfg.steps:
                 break
 
     def _after_update(
-        self, n: int, loss: float | None, version: int, stale: int
+        self,
+        n: int,
+        loss: float | None,
+        reply: dict,
+        times: StepTimes,
+        comm_s: float,
+        waited: float,
     ) -> None:
-        """Count the step, log it, and validate when due (group 0)."""
+        """Count the step, log it (the fields a whole replica's step has, and
+        the pipeline's own), and validate when due (group 0)."""
         cfg = self.cfg
+        version, stale = reply["version"], reply.get("staleness", 0)
         self.steps += 1
         self.version = version
+        self.busy += comm_s
         if self.first:
             self.samples += n
             self.stale_sum += stale
-        if self.last:
-            self.metrics.write(
-                "step",
-                t=time.perf_counter() - self.t0,
-                version=version,
-                group=self.g,
-                samples=n,
-                loss=loss,
-                staleness=stale,
-            )
+        self.metrics.write(
+            "step",
+            t=time.perf_counter() - self.t0,
+            group=self.g,
+            role=f"stage {self.k}",
+            step=self.steps,
+            version=version,
+            epoch=self.epochs.done if self.epochs is not None else None,
+            batch=n,
+            compute_s=times.compute_s,
+            pace_s=times.pace_s,
+            comm_s=comm_s,
+            reduce_s=0.0,
+            data_wait_s=waited,
+            # the pipeline's own: waiting for a neighbour, emulated links
+            stage_wait_s=times.wait_s,
+            link_s=times.link_s,
+            staleness=stale,
+            loss=loss,
+        )
         if self.validation is not None and version // cfg.eval_every > self.last_eval:
             self.last_eval = version // cfg.eval_every
             self._validate(version)

@@ -1,0 +1,200 @@
+"""``hybridagg train --pipeline-groups`` against data-parallel groups, end to end.
+
+Where ``bench/pipeline.py`` runs the pipeline pieces in a loop of its own,
+this runs whole ``hybridagg train`` jobs (the launcher, the loader, the
+servers, validation) and reads their summaries and ``--metrics``::
+
+    python bench/pipelined_train.py --json pipelined-train.json
+
+Setting ``pair``: one group of two ranks, rank 1 emulated four times slower
+than rank 0 (``--slowdown 1:4``), and one parameter server, in hybrid mode.
+Setting ``mixed``: that group beside a rank alone at full speed. The model
+is ``--layers`` equal linear layers (``deep_mlp`` below), so that a cut can
+fall near the analytic one. Configurations (``config``):
+
+* ``dp``: the group data parallel (each rank a batch, all-reduced);
+* ``dp-adaptive``: the same with ``--adaptive-batch`` (the batch moves to
+  the fast rank; OmniLearn's rule);
+* ``even``: the group pipelined, cut into stages of equal compute;
+* ``auto``: the group pipelined, cut by the dynamic program over measured
+  per-layer costs and the ranks' speeds.
+
+Per configuration: samples per second (the summary's), group 0's batch
+time (the median period between its steps, from the metrics) and the final
+accuracy. Per setting: the cut of ``auto`` against ``even`` and the
+analytic steady-state cut for two stages at speeds 1 and 1/4 (60%, layers
+infinitely divisible), and the best cut the layer count allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["deep_mlp", "main"]
+
+HERE = Path(__file__).resolve().parent
+LAYERS = int(os.environ.get("PIPELINED_BENCH_LAYERS", "12"))
+
+
+def deep_mlp(sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``LAYERS`` linear layers of equal size (the bench's model)."""
+    n = 1
+    for d in sample_shape:
+        n *= d
+    width = 64
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(n, width), nn.ReLU()]
+    for _ in range(LAYERS - 2):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def best_discrete_cut(layers: int, slow: float = 4.0) -> float:
+    """The cut of the best 2-stage split of equal layers against the even one."""
+    even = max(layers - layers // 2, (layers // 2) * slow)
+    best = min(max(k, (layers - k) * slow) for k in range(1, layers))
+    return 1 - best / even
+
+
+CONFIGS = {
+    "dp": [],
+    "dp-adaptive": ["--adaptive-batch"],
+    "even": ["--pipeline-groups", "0", "--pipeline-partition", "even"],
+    "auto": ["--pipeline-groups", "0", "--pipeline-partition", "auto"],
+}
+SETTINGS = {
+    "pair": {"ranks": 2, "groups": "0-1"},  # workers (the server is one more)
+    "mixed": {"ranks": 3, "groups": "0-1,2"},
+}
+
+
+def _period(metrics: Path, warmup: int) -> float:
+    """Group 0's median seconds between steps, after ``warmup`` steps."""
+    times: dict[int, list[float]] = {}
+    for line in metrics.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("event") == "step" and r["group"] == 0 and r.get("batch"):
+            times.setdefault(r["rank"], []).append(r["t"])
+    first = min(times)  # the group's leader (stage 0)
+    t = sorted(times[first])[warmup:]
+    return statistics.median(b - a for a, b in itertools.pairwise(t))
+
+
+def run(setting: str, config: str, args, work: Path) -> dict:
+    from hybridagg.runtime import runner
+
+    spec = SETTINGS[setting]
+    out, metrics = work / f"{setting}-{config}.json", work / f"{setting}-{config}.jsonl"
+    train = [
+        sys.executable, "-m", "hybridagg.cli", "train", "--data", str(args.data),
+        "--mode", "hybrid", "--groups", spec["groups"], "--servers", "1",
+        "--model", "pipelined_train:deep_mlp", "--slowdown", "1:4",
+        "--sample-ms", str(args.sample_ms), "--batch-size", str(args.batch),
+        "--micro-batches", str(args.micro_batches), "--steps", str(args.steps),
+        "--eval-every", str(10 * args.steps), "--lr", "0.05", "--no-progress",
+        "--summary", str(out), "--metrics", str(metrics), *CONFIGS[config],
+    ]  # fmt: skip
+    env = runner.mpiexec_env()
+    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PIPELINED_BENCH_LAYERS"] = str(args.layers)
+    argv = runner.mpiexec_argv(spec["ranks"] + 1, train)
+    result = runner.run_job(argv, timeout=args.timeout, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(result.stdout[-2000:] + result.stderr[-2000:])
+    s = json.loads(out.read_text())
+    return {
+        "setting": setting,
+        "config": config,
+        "batch_time_s": _period(metrics, args.warmup),
+        "samples_per_sec": s["samples_per_sec"],
+        "final_accuracy": s["final_accuracy"],
+        "bounds": (s.get("pipeline") or {}).get("bounds"),
+    }
+
+
+def markdown(records: list[dict], layers: int) -> str:
+    lines = []
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        rows = {r["config"]: r for r in records if r["setting"] == setting}
+        lines += [
+            f"**{setting}**",
+            "",
+            "| config | group 0 batch time (ms) | samples/s | final acc | cut |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for r in rows.values():
+            cut = r["bounds"][0] if r["bounds"] else "-"
+            lines.append(
+                f"| {r['config']} | {1000 * r['batch_time_s']:.1f} | "
+                f"{r['samples_per_sec']:.0f} | {r['final_accuracy']:.3f} | {cut} |"
+            )
+        if "auto" in rows and "even" in rows:
+            cut = 1 - rows["auto"]["batch_time_s"] / rows["even"]["batch_time_s"]
+            best = best_discrete_cut(layers)
+            lines += [
+                "",
+                f"auto cuts group 0's batch time {100 * cut:.1f}% against even: "
+                f"{cut / 0.6:.2f} of the analytic 60%, {cut / best:.2f} of the "
+                f"best {layers}-layer cut ({100 * best:.1f}%).",
+            ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--data", type=Path, default=None, help="digits HDF5 (made if absent)"
+    )
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    p.add_argument("--layers", type=int, default=LAYERS)
+    p.add_argument("--sample-ms", type=float, default=4.0)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--micro-batches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--md", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.data is None:
+            from hybridagg.data import convert_digits
+
+            args.data = work / "digits.h5"
+            convert_digits(args.data, val_fraction=0.2, seed=0, progress=False)
+        records = []
+        for setting in args.settings:
+            for config in args.configs:
+                records.append(run(setting, config, args, work))
+                r = records[-1]
+                print(
+                    f"{setting:6s} {config:12s} batch {1000 * r['batch_time_s']:7.1f} ms "
+                    f"{r['samples_per_sec']:7.0f} samples/s acc {r['final_accuracy']:.3f}",
+                    flush=True,
+                )
+    table = markdown(records, args.layers)
+    print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    if args.md:
+        args.md.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
