@@ -495,3 +495,23 @@ def test_pipeline_bench_runs_every_configuration_and_reprints_its_json(
     printed = capsys.readouterr().out
     assert pipeline.main(["--from-json", str(out)]) == 0
     assert capsys.readouterr().out.strip() == printed.strip()
+
+
+def test_pipelined_train_bench_bounds_and_a_short_run(tmp_path, capsys):
+    """bench/pipelined_train.py: its bounds, and one pair of real jobs."""
+    bench = load("pipelined_train")
+    b = bench.bounds_of(12)
+    # whole units cannot beat infinitely divisible layers; both near 60%
+    assert 0.5 < b["best_unit_cut"] <= b["analytic_cut"] < 0.6
+    out = tmp_path / "t.json"
+    argv = ["--settings", "pair", "--configs", "even", "auto", "--steps", "8",
+            "--warmup", "2", "--sample-ms", "2", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    records = json.loads(out.read_text())
+    assert [r["config"] for r in records] == ["even", "auto"]
+    even, auto = records
+    assert auto["bounds"][0][1] > even["bounds"][0][1]  # the fast stage takes more
+    assert auto["batch_time_s"] < even["batch_time_s"]
+    text = capsys.readouterr().out
+    assert "auto cuts group 0's batch time" in text
+    assert bench.main(["--from-json", str(out)]) == 0

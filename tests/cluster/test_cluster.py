@@ -14,6 +14,7 @@ What is checked against what:
 * a hybrid job (a group per host, the server on a third host) learns the
   digits, and the bytes between hosts went through the host links (the
   kernel's counters on each host's interface);
+* a pipelined group whose stages sit on two hosts learns the digits;
 * servers beside the workers (a server slot on each host) run there, and a
   hybrid job with a group and a server per host learns the digits;
 * an all-reduce across two hosts moves at the link's rate (the shaper is
@@ -133,6 +134,35 @@ def test_hybrid_job_with_a_group_per_host_learns_the_digits(cluster, tmp_path):
     # the leaders' pushes and pulls of the model (tens of KiB per step) went
     # through the servers' host link, both ways
     assert moved["ps"][0] > 1 << 20 and moved["ps"][1] > 1 << 20, moved
+    assert job_processes(spec) == []
+
+
+@pytest.mark.parametrize("cluster", ["three-hosts.toml"], indirect=True)
+def test_a_pipeline_across_two_hosts_learns_the_digits(cluster, tmp_path):
+    """Group 1 is a pipeline of rank 1 (host a) and rank 2 (host b): its
+    activations and their gradients cross the link, and each stage exchanges
+    its own layers with the server on host ps."""
+    path, spec = cluster
+    from hybridagg.data import convert_digits
+
+    data = tmp_path / "digits.h5"
+    convert_digits(data, val_fraction=0.2, seed=0, progress=False)
+    out = tmp_path / "summary.json"
+    result = run_on(
+        path,
+        [
+            sys.executable, "-m", "hybridagg.cli", "train", "--data", data,
+            "--mode", "hybrid", "--groups", "0,1-2,3", "--servers", "1",
+            "--pipeline-groups", "1", "--epochs", "6", "--lr", "0.05",
+            "--no-progress", "--eval-every", "20", "--summary", out,
+        ],
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    s = json.loads(out.read_text())
+    assert s["groups"] == [[0], [1, 2], [3]] and s["pipeline"]["groups"] == [1]
+    bounds = s["pipeline"]["bounds"]
+    assert bounds[0] == [0, 3] and len(bounds[1]) == 3  # a cut inside group 1
+    assert s["final_accuracy"] >= 0.85, s
     assert job_processes(spec) == []
 
 
