@@ -155,7 +155,7 @@ def test_options_a_pipelined_job_refuses():
     assert tuple(SCHEDULES) == SCHEDULE_NAMES
     for kw, match in [
         ({"checkpoint": "ck"}, "checkpoints"),
-        ({"adaptive_batch": True}, "adaptive batches"),
+        ({"adaptive_batch": True}, "needs --mode sync"),
         ({"amp": "bf16"}, "--amp none"),
         ({"save_model": "m.pt"}, "--save-model"),
     ]:
@@ -258,3 +258,15 @@ def test_a_slow_last_stage_finishes_its_last_push(digits, tmp_path):
     args += ["--slowdown", "1:4", "--sample-ms", "4", "--eval-every", "1000"]
     s = _run(digits, tmp_path, "slow-last", 3, args)
     assert s["steps"] == 6 and s["samples"] == 6 * 32
+
+
+def test_sync_shares_follow_the_groups_measured_batch_times(digits, tmp_path):
+    """--adaptive-batch: a pipeline of two full-speed ranks beside a rank 4x slower."""
+    args = ["--mode", "sync", "--groups", "0-1,2", "--pipeline-groups", "0"]
+    args += ["--slowdown", "2:4", "--sample-ms", "2", "--epochs", "3"]
+    args += ["--adaptive-batch", "--eval-every", "1000"]
+    s = _run(digits, tmp_path, "shares", 3, args)
+    shares = s["pipeline"]["shares"]
+    assert sum(shares) == 64  # the global batch is kept
+    assert shares[0] > 3 * shares[1], shares  # the pipeline carries the most
+    assert s["final_accuracy"] > 0.85, s

@@ -180,6 +180,13 @@ class TrainConfig(
                 "--pipeline-groups does not combine with --on-group-failure "
                 "continue yet"
             )
+        if self.adaptive_batch and self.mode != "sync":
+            raise ValueError(
+                "--pipeline-groups with --adaptive-batch needs --mode sync (the "
+                "groups' shares of the global batch are solved from their "
+                "measured batch times); in hybrid mode each group already "
+                "steps at its own pace"
+            )
         if self.mode == "hybrid" and self.groups == "each":
             raise ValueError(
                 "--pipeline-groups needs groups of several ranks to pipeline; "

@@ -26,7 +26,6 @@ PARTITIONS = ("auto", "even")
 # run that ignores the option.
 PIPELINE_INCOMPATIBLE: dict[str, str] = {
     "checkpoint": "checkpoints (a stage's part of a cut)",
-    "adaptive_batch": "adaptive batches",
     "adaptive_groups": "adaptive groups",
     "overlap": "--overlap",
     "stream_push": "--stream-push",

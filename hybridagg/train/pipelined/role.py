@@ -24,6 +24,7 @@ import time
 import torch
 
 from ...comm import Comm, solo
+from ...control import ShareSolver
 from ...data import HDF5Loader
 from ...data.loader import load_split_info
 from ...pipeline import PipelineStage, StepTimes
@@ -285,9 +286,30 @@ class PipelinedWorkerRole:
         update.done()
 
     def _train_sync(self, workers: Comm) -> None:
-        """Sync: every group steps together; the gradients are summed per layer."""
+        """Sync: every group steps together; the gradients are summed per layer.
+
+        With ``--adaptive-batch`` each group's share of the global batch
+        (``--batch-size`` per group) is solved again from the groups'
+        measured batch times (Ling et al.'s linear solve, :class:`ShareSolver`:
+        the adaptive-batch controller's windows and dead-band, with an
+        intercept for a pipeline's fill and drain); every rank adds the same
+        measurements, so every reader takes the same decision.
+        """
         cfg = self.cfg
         me = self.layout.readers.index(self.layout.groups[self.g][0])
+        groups = len(self.layout.groups)
+        solver = None
+        if cfg.adaptive_batch:
+            solver = ShareSolver(
+                groups,
+                window=cfg.batch_window,
+                deadband=cfg.batch_deadband,
+                low=cfg.min_batch,
+                high=cfg.max_batch,
+                shares=[cfg.batch_size] * groups,
+            )
+        self.shares = [cfg.batch_size] * groups
+        last = (0, 0.0)  # this group's last batch and its seconds (stage 0)
         while True:
             batch, waited = None, 0.0
             if self.first:
@@ -297,13 +319,15 @@ class PipelinedWorkerRole:
                 self.wait += waited
             n = 0 if batch is None else len(batch[1])
             seen = workers.allgather(
-                (n, self.stop.is_set()) if self.first else None,
+                (n, self.stop.is_set(), *last) if self.first else None,
                 what="the groups' batches",
             )
             counts = [s for s in seen if s is not None]
-            total = sum(c for c, _ in counts)
-            if any(stop for _, stop in counts):
+            total = sum(c[0] for c in counts)
+            if any(c[1] for c in counts):
                 break
+            if solver is not None:
+                self._reshare(solver, counts)
             if total == 0:  # every group finished the epoch
                 ended = self.epochs.end() if self.first else None
                 ended = workers.allgather(ended, what="the epoch's end")
@@ -311,12 +335,33 @@ class PipelinedWorkerRole:
                     break
                 continue
             loss, times = self._step(batch)
+            last = (n, times.wall_s) if n else (0, 0.0)
             t1 = time.perf_counter()
             reply = self.update.apply(counts[me][0], total)
             comm = time.perf_counter() - t1
             self._after_update(counts[me][0], loss, reply, times, comm, waited)
             if cfg.steps is not None and reply["version"] >= cfg.steps:
                 break
+
+    def _reshare(self, solver: ShareSolver, counts: list[tuple]) -> None:
+        """Feed every group's last batch time to the solver; apply its decision."""
+        for g, (_, _, samples, seconds) in enumerate(counts):
+            if samples > 0 and seconds > 0:
+                solver.add(g, samples, seconds)
+        new = solver.decide(sum(self.shares))
+        if new is None:
+            return
+        old, self.shares = self.shares, new
+        if self.loader is not None:  # collective over the readers, all alike
+            self.loader.set_batch_sizes(new)
+        self.metrics.write(
+            "batch",
+            t=time.perf_counter() - self.t0,
+            scope="groups",
+            version=self.version,
+            old=old,
+            new=new,
+        )
 
     def _after_update(
         self,
@@ -444,5 +489,7 @@ class PipelinedWorkerRole:
             "schedule": cfg.pipeline_schedule,
             "partition": cfg.pipeline_partition,
         }
+        if cfg.mode == "sync":
+            summary["pipeline"]["shares"] = list(self.shares)
         publish(cfg, summary)
         return summary
