@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..ps.compensation import Compensation
 from ..topology import Topology
 from .config import OptimOptions, TrainConfig
 from .config.changes import ConfigChange, config_changes, refusal
@@ -16,6 +17,7 @@ from .elastic import Layout, ReshardPlan, reshard_plan
 
 __all__ = [
     "check_manifest",
+    "compensation_of",
     "make_optimizer",
     "manifest",
     "rng_state",
@@ -105,6 +107,17 @@ def warm_up_optimizer(cfg: OptimOptions) -> None:
     """
     scratch = torch.nn.Linear(1, 1)
     make_optimizer(cfg, scratch)
+
+
+def compensation_of(cfg: TrainConfig) -> Compensation:
+    """The run's learning-rate rule (``--batch-size``, warm-up, damping, lookahead)."""
+    return Compensation(
+        reference_batch=cfg.batch_size,
+        warmup_updates=cfg.warmup_updates,
+        staleness=cfg.damping,
+        lookahead=cfg.lookahead,
+        lookahead_horizon=cfg.lookahead_horizon,
+    )
 
 
 def make_optimizer(cfg: OptimOptions, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -24,6 +24,7 @@ from ...pipeline import CrossGroupReducer
 from ...ps.compensation import Compensation
 from ...ps.flat import flatten_into
 from ...ps.stage_client import StageClient
+from ..common import compensation_of
 from ..config import TrainConfig
 from .layout import PipelineLayout, flat_owners, ps_order
 from .stages import StageBuild
@@ -172,13 +173,7 @@ def make_stage_update(
     group_index: int,
 ) -> SyncStageUpdate | ServerStageUpdate:
     """The update of ``cfg.mode`` (collective: over the workers, or with the servers)."""
-    compensation = Compensation(
-        reference_batch=cfg.batch_size,
-        warmup_updates=cfg.warmup_updates,
-        staleness=cfg.damping,
-        lookahead=cfg.lookahead,
-        lookahead_horizon=cfg.lookahead_horizon,
-    )
+    compensation = compensation_of(cfg)
     if cfg.mode == "sync":
         return SyncStageUpdate(workers, layout, build, optimizer, compensation)
     return ServerStageUpdate(

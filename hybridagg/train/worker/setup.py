@@ -12,12 +12,11 @@ from ...comm import Comm
 from ...data import HDF5Loader, compute_statistics
 from ...data.loader import load_split_info
 from ...optimizer import DistributedOptimizer
-from ...ps.compensation import Compensation
 from ...runtime import envvars
 from ...topology import Topology
 from ..adaptive import server_batching
 from ..board import check_available
-from ..common import make_optimizer, seed_rng, set_rng_state
+from ..common import compensation_of, make_optimizer, seed_rng, set_rng_state
 from ..config import TrainConfig
 from ..evaluate import Evaluator
 from ..export import check_destination
@@ -223,13 +222,7 @@ def make_distributed_optimizer(
         mode=cfg.mode,
         model=local.model,
         allreduce_backend=cfg.allreduce_backend,
-        compensation=Compensation(
-            reference_batch=cfg.batch_size,
-            warmup_updates=cfg.warmup_updates,
-            staleness=cfg.damping,
-            lookahead=cfg.lookahead,
-            lookahead_horizon=cfg.lookahead_horizon,
-        ),
+        compensation=compensation_of(cfg),
         staleness_bound=cfg.staleness_bound,
         max_updates=cfg.steps if cfg.mode != "sync" else None,
         overlap=cfg.overlap,
