@@ -90,6 +90,13 @@ class PipelinedWorkerRole:
         self.layout = PipelineLayout(
             topo.groups, parse_pipeline_groups(cfg.pipeline_groups, topo.num_groups)
         )
+        if topo.device != "cpu":
+            # (a stage's activations travel through MPI from host memory; a
+            # stage on a GPU would need them staged, which is not built yet)
+            raise ValueError(
+                f"--pipeline-groups trains on the CPU for now, but this rank's "
+                f"device is {topo.device} (--device {cfg.device}); pass --device cpu"
+            )
         self.g = self.layout.group_of(self.rank)
         self.k = self.layout.stage_of(self.rank)
         self.stages = len(self.layout.groups[self.g])
