@@ -488,3 +488,19 @@ def test_a_model_that_does_not_fit_or_a_missing_device_is_one_clear_error(
         assert "Traceback" not in text, text[-3000:]
         assert re.search(match, text), text[-3000:]
         assert text.count("hybridagg train: error:") == 1, text[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["sync", "hybrid"])
+def test_nan_data_stops_a_job_with_a_pipelined_group(nan_digits, tmp_path, mode):
+    """A pipelined group's NaN loss stops every rank at one step (exit 3, one message)."""
+    args = ["--data", nan_digits, "--no-progress", "--epochs", "3", "--mode", mode]
+    args += ["--groups", "0-1,2", "--pipeline-groups", "0"]
+    nranks = 3 if mode == "sync" else 4
+    if mode == "hybrid":
+        args += ["--servers", "1"]
+    result, codes = run_recording_exit_codes(nranks, args, tmp_path / "codes")
+    text = output(result)
+    assert codes == dict.fromkeys(range(nranks), 3), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert text.count("hybridagg train: stopped: step ") == 1, text[-3000:]
+    assert "not finite" in text, text[-3000:]

@@ -89,11 +89,6 @@ class PartOwners:
                 ranks.append(holder[0])
             self.table[int(g)] = ranks
 
-    @property
-    def pipelined(self) -> set[int]:
-        """The groups whose parts come from their stages."""
-        return set(self.table)
-
     def of(self, g: int, part: int) -> int:
         """The rank that sends group ``g``'s part ``part`` and receives its reply.
 

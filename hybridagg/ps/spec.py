@@ -165,6 +165,8 @@ def specs_for(
     here (``settings``: :class:`ServerSpec`'s remaining fields).
     """
     initial_from = settings.get("initial_from")
+    if flat_weights is None and initial_from is None:
+        raise ValueError("server specs need the initial weights or initial_from")
     hyper = [
         {k: v for k, v in group.items() if k != "params"}
         for group in optimizer.param_groups

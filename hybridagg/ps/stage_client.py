@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..comm import Comm
 from ..runtime import envvars
@@ -89,16 +90,23 @@ class StageClient:
         self.num_servers = num_servers
         self.params = params
         self.is_leader = group.rank == 0
-        if len({p.dtype for p in params}) > 1:
-            raise ValueError("a stage's parameters must share one dtype")
         # every stage's sizes and optimizer groups: the servers need the
         # whole model's layout, which no stage holds
         layout = group.allgather(
-            ([p.numel() for p in params], param_groups_of(params, optimizer)),
+            (
+                [p.numel() for p in params],
+                param_groups_of(params, optimizer),
+                sorted({str(p.dtype) for p in params}),
+            ),
             what="the stages' parameter layout",
         )
-        numels = [n for mine, _ in layout for n in mine]
-        group_of = [g for _, mine in layout for g in mine]
+        dtypes = {d for _, _, mine in layout for d in mine}
+        if len(dtypes) != 1:  # (every stage sees every stage's: one verdict)
+            raise ValueError(
+                f"the parameter server needs one parameter dtype, got {sorted(dtypes)}"
+            )
+        numels = [n for mine, _, _ in layout for n in mine]
+        group_of = [g for _, mine, _ in layout for g in mine]
         total = sum(numels)
         check_owners(owners, total, num_groups)
         mine = owners[group_index][group.rank]
@@ -111,23 +119,32 @@ class StageClient:
             )
         if part_bytes is None:
             part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
-        size = params[0].element_size() if params else 4
-        part_elems = max(1, int(part_bytes) // size)
+        if part_bytes < 1:
+            raise ValueError(
+                f"HYBRIDAGG_PS_PART_BYTES must be positive, got {part_bytes}"
+            )
+        part_elems = max(1, int(part_bytes) // params[0].element_size())
         self.ranges = shard_ranges(total, num_servers)
         cuts = owner_cuts(owners)
         # (server, index, lo, hi) of every part this stage holds
         self.parts: list[tuple[int, int, int, int]] = []
+        most = 0
         for s, (lo, hi) in enumerate(self.ranges):
             shard_cuts = [c - lo for c in cuts]
-            for i, (a, b) in enumerate(part_ranges(hi - lo, part_elems, shard_cuts)):
+            cut = part_ranges(hi - lo, part_elems, shard_cuts)
+            most = max(most, len(cut))
+            for i, (a, b) in enumerate(cut):
                 if self.lo <= lo + a and lo + b <= self.hi:
                     self.parts.append((s, i, lo + a, lo + b))
-        dtype = params[0].dtype if params else torch.float32
-        self.flat_weights = torch.empty(own, dtype=dtype)
-        if params:
-            torch.cat(
-                [p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights
+        tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
+        if tag_ub is not None and P.part_tag(most) > tag_ub:
+            raise ValueError(
+                f"{most} parts per server need tags above this MPI's limit "
+                f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
             )
+        dtype = params[0].dtype
+        self.flat_weights = torch.empty(own, dtype=dtype)
+        torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)
         self.flat_grad = torch.zeros(own, dtype=dtype)
         self.versions = [0] * num_servers
         self.request_len = P.request_len(len(optimizer.param_groups))
@@ -162,9 +179,11 @@ class StageClient:
             ps.wait(reqs, "initial weights to the parameter servers")
 
     def _server(self, s: int) -> int:
+        """Server ``s``'s rank on the servers' communicator."""
         return P.server_rank(self.num_groups, s)
 
     def _local(self, a: int, b: int) -> slice:
+        """Flat-model range ``[a, b)`` as a slice of this stage's own range."""
         return slice(a - self.lo, b - self.lo)
 
     def push(

@@ -180,6 +180,12 @@ class TrainConfig(
                 "--pipeline-groups does not combine with --on-group-failure "
                 "continue yet"
             )
+        if self.mode == "async":
+            raise ValueError(
+                "--pipeline-groups needs --mode sync or hybrid: async makes every "
+                "worker a group of its own (in a job with pipelined groups every "
+                "other group is one rank already, so hybrid is async for them)"
+            )
         if self.adaptive_batch and self.mode != "sync":
             raise ValueError(
                 "--pipeline-groups with --adaptive-batch needs --mode sync (the "

@@ -59,7 +59,7 @@ class SyncStageUpdate:
         )
         self.version = 0
 
-    def apply(self, samples: int, total: int, **_ignored) -> dict:
+    def apply(self, samples: int, total: int) -> dict:
         """Sum the gradient over the groups and step (``samples`` of ``total``)."""
         self.reducer.allreduce(samples / total)
         step_scaled(self.optimizer, self.compensation.scale(total, self.version, 0))

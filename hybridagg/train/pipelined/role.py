@@ -18,6 +18,7 @@ unchanged apart from where each part comes from.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -29,6 +30,7 @@ from ...data import HDF5Loader
 from ...data.loader import load_split_info
 from ...pipeline import PipelineStage, StepTimes
 from ...ps.protocol import FLAG_STOP
+from ...runtime import envvars
 from ...topology import Topology
 from ..checkpoint import Checkpointer
 from ..common import make_optimizer
@@ -37,7 +39,7 @@ from ..config.pipeline import parse_pipeline_groups
 from ..evaluate import Evaluator
 from ..losses import check_task, loss_function
 from ..metrics import MetricsWriter, merge_parts
-from ..models import build_model
+from ..models import build_model, check_fits
 from ..resume import RunStart
 from ..resume_parts import window_blocks_for
 from ..usage import machine_usage
@@ -110,6 +112,16 @@ class PipelinedWorkerRole:
             info.length, info.block_samples, topo.num_groups
         )
         model = build_model(cfg.model, self.sample_shape, info.num_classes)
+        check_fits(
+            model,
+            self.sample_shape,
+            info.num_classes,
+            cfg.model,
+            torch.device("cpu"),
+            cfg.loss,
+        )
+        if cfg.mode != "sync" and envvars.get_int("HYBRIDAGG_PS_PART_BYTES") < 1:
+            raise ValueError("HYBRIDAGG_PS_PART_BYTES must be positive")
         self.build: StageBuild = build_stage(
             cfg, self.layout, self.rank, model, self.sample_shape
         )
@@ -142,6 +154,7 @@ class PipelinedWorkerRole:
             )
 
     def _agree(self, what: str, build) -> None:
+        """Run a set-up phase; a bad input on any rank is the same error on every rank."""
         err = None
         try:
             build()
@@ -218,6 +231,8 @@ class PipelinedWorkerRole:
                 cfg.model,
             )
         self.samples = self.steps = self.version = 0
+        self.nonfinite: str | None = None  # why training stopped on a NaN or an inf
+        self.nonfinite_own = False
         self.busy = self.wait = 0.0
         self.stale_sum = 0
         self.curve: list[tuple[float, float]] = []
@@ -288,6 +303,14 @@ class PipelinedWorkerRole:
             )
             comm = time.perf_counter() - t1
             self._after_update(n, loss, reply, times, comm, waited)
+            if reply.get("nonfinite") is not None:
+                # a server found a NaN or an infinity in a pushed part (or
+                # a group said so) and stopped every group; it names the group
+                self.nonfinite = (
+                    f"step {self.steps}: the servers stopped every group: group "
+                    f"{reply['nonfinite']}'s loss or gradient was not finite"
+                )
+                break
             if reply["stop"]:
                 break
         update.done()
@@ -303,7 +326,6 @@ class PipelinedWorkerRole:
         measurements, so every reader takes the same decision.
         """
         cfg = self.cfg
-        me = self.layout.readers.index(self.layout.groups[self.g][0])
         groups = len(self.layout.groups)
         solver = None
         if cfg.adaptive_batch:
@@ -340,15 +362,36 @@ class PipelinedWorkerRole:
                 ended = workers.allgather(ended, what="the epoch's end")
                 if any(e for e in ended if e is not None):
                     break
+                last = (0, 0.0)  # (measured once, in the round that saw it)
                 continue
             loss, times = self._step(batch)
             last = (n, times.wall_s) if n else (0, 0.0)
+            if self._nonfinite_anywhere(workers, loss):
+                break  # (no update applied, on every rank)
             t1 = time.perf_counter()
-            reply = self.update.apply(counts[me][0], total)
+            reply = self.update.apply(counts[self.g][0], total)
             comm = time.perf_counter() - t1
-            self._after_update(counts[me][0], loss, reply, times, comm, waited)
+            self._after_update(counts[self.g][0], loss, reply, times, comm, waited)
             if cfg.steps is not None and reply["version"] >= cfg.steps:
                 break
+
+    def _nonfinite_anywhere(self, workers: Comm, loss: float | None) -> bool:
+        """Sync: whether any group's loss or this rank's gradient is not finite.
+
+        Checked on every worker before the sum, so every rank skips the
+        update and stops at the same step (the whole replica's sync mode
+        does the same).
+        """
+        bad = loss is not None and not math.isfinite(loss)
+        grads = [p.grad for p in self.build.module.parameters() if p.grad is not None]
+        bad = bad or any(not bool(torch.isfinite(g).all()) for g in grads)
+        flags = workers.allgather(bad, what="the step's finiteness")
+        if not any(flags):
+            return False
+        ranks = [r for r, f in enumerate(flags) if f]
+        self.nonfinite = f"step {self.steps + 1}: the loss or gradient of rank(s) {ranks} is not finite"
+        self.nonfinite_own = bad
+        return True
 
     def _reshare(self, solver: ShareSolver, counts: list[tuple]) -> None:
         """Feed every group's last batch time to the solver; apply its decision."""
@@ -414,6 +457,7 @@ class PipelinedWorkerRole:
             self._validate(version)
 
     def _validate(self, version: int) -> tuple[float | None, float]:
+        """Group 0 scores its replica; rank 0 records the curve and the target."""
         accuracy, loss = self.validation.run()
         t = time.perf_counter() - self.t0
         if self.rank == 0:
@@ -440,7 +484,9 @@ class PipelinedWorkerRole:
         else:
             final_version = self.update.finish(receives_final=self.g == 0)
         if self.validation is not None:
-            self.final = self._validate(final_version)
+            # the whole group knows: a halt comes with a step every stage took
+            if self.nonfinite is None:
+                self.final = self._validate(final_version)
             self.validation.close()
         if self.epochs is not None:
             self.epochs.close()
@@ -454,7 +500,8 @@ class PipelinedWorkerRole:
             "wall_s": wall,
             "stale_sum": self.stale_sum,
             "stale_n": self.steps if self.first else 0,
-            "nonfinite": None,
+            "nonfinite": self.nonfinite,
+            "nonfinite_own": self.nonfinite_own,
             **machine_usage(self.cpu0),
         }
         reports = self.world.allgather(report, what="run report")

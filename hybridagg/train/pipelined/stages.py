@@ -67,7 +67,8 @@ class StageBuild:
 
     Attributes:
         module: This rank's layers.
-        units: The model's units (each an ``nn.Sequential``).
+        units: The model's units (each an ``nn.Sequential``); the units this
+            rank does not hold are left empty, so it keeps only its layers.
         group_bounds: Every group's stage bounds over the units.
         unit_seconds: Each unit's cost (floating-point operations on one
             sample; parameters where none is counted), the partition's input.
@@ -97,6 +98,12 @@ def _check_model(model: nn.Module) -> None:
         raise ValueError(
             "--pipeline-groups needs a model whose pipeline layers share no "
             "parameter (tied weights would live on two stages)"
+        )
+    outside = {id(p) for p in model.parameters()} - {id(p) for p in params}
+    if outside:
+        raise ValueError(
+            f"{len(outside)} of the model's parameters lie in none of its pipeline "
+            "layers: no stage would train them"
         )
 
 
@@ -178,7 +185,8 @@ def build_stage(
         pace = StagePace(forward_s=forward, backward_s=per_sample - forward)
     return StageBuild(
         module=nn.Sequential(*units[lo:hi]),
-        units=units,
+        # (the other units' layers are let go with the model)
+        units=[u if lo <= i < hi else nn.Sequential() for i, u in enumerate(units)],
         group_bounds=bounds,
         unit_seconds=seconds,
         unit_numels=numels,
