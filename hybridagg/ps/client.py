@@ -17,7 +17,36 @@ from .shards import part_ranges, shard_ranges
 from .spec import server_specs
 from .streaming import StreamedPush, plan_stream
 
-__all__ = ["PSClient", "RoundTrip"]
+__all__ = ["PSClient", "RoundTrip", "check_part_tags", "part_elements"]
+
+
+def part_elements(part_bytes: int | None, element_size: int) -> int:
+    """Elements of a part of about ``part_bytes`` (default ``HYBRIDAGG_PS_PART_BYTES``).
+
+    Raises:
+        ValueError: The registry's value is not positive.
+    """
+    if part_bytes is None:  # (the default lives in the registry)
+        part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
+        if part_bytes < 1:
+            raise ValueError(
+                f"HYBRIDAGG_PS_PART_BYTES must be positive, got {part_bytes}"
+            )
+    return max(1, int(part_bytes) // element_size)
+
+
+def check_part_tags(ps: Comm, most: int) -> None:
+    """Refuse ``most`` parts per server when their tags pass this MPI's limit.
+
+    Raises:
+        ValueError: Naming the limit and the fix.
+    """
+    tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
+    if tag_ub is not None and P.part_tag(most) > tag_ub:
+        raise ValueError(
+            f"{most} parts per server need tags above this MPI's limit "
+            f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
+        )
 
 
 @dataclass
@@ -95,25 +124,13 @@ class PSClient:
         self.params, self.buffers = params, buffers
         total = sum(p.numel() for p in params)
         self.ranges = shard_ranges(total, self.num_servers)
-        if part_bytes is None:  # (the default lives in the registry)
-            part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
-            if part_bytes < 1:
-                raise ValueError(
-                    f"HYBRIDAGG_PS_PART_BYTES must be positive, got {part_bytes}"
-                )
-        self.part_elems = max(1, int(part_bytes) // params[0].element_size())
+        self.part_elems = part_elements(part_bytes, params[0].element_size())
         # per server: its parts, as ranges of the flat model
         self.parts = [
             [(lo + a, lo + b) for a, b in part_ranges(hi - lo, self.part_elems)]
             for lo, hi in self.ranges
         ]
-        most = max(len(p) for p in self.parts)
-        tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
-        if tag_ub is not None and P.part_tag(most) > tag_ub:
-            raise ValueError(
-                f"{most} parts per server need tags above this MPI's limit "
-                f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
-            )
+        check_part_tags(ps, max(len(p) for p in self.parts))
         dtype = params[0].dtype
         # (pinned for a model on a GPU: its copies to and from it are DMA)
         self.pinned = params[0].device.type == "cuda"

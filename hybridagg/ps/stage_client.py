@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from ..comm import Comm
-from ..runtime import envvars
 from . import protocol as P
+from .client import check_part_tags, part_elements
 from .compensation import Compensation
 from .flat import unflatten_from
 from .owners import Owners, check_owners, owner_cuts
@@ -117,13 +116,7 @@ class StageClient:
                 f"stage {group.rank} of group {group_index} holds {own} "
                 f"parameters but owns [{self.lo}, {self.hi}) of the flat model"
             )
-        if part_bytes is None:
-            part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
-        if part_bytes < 1:
-            raise ValueError(
-                f"HYBRIDAGG_PS_PART_BYTES must be positive, got {part_bytes}"
-            )
-        part_elems = max(1, int(part_bytes) // params[0].element_size())
+        part_elems = part_elements(part_bytes, params[0].element_size())
         self.ranges = shard_ranges(total, num_servers)
         cuts = owner_cuts(owners)
         # (server, index, lo, hi) of every part this stage holds
@@ -136,12 +129,7 @@ class StageClient:
             for i, (a, b) in enumerate(cut):
                 if self.lo <= lo + a and lo + b <= self.hi:
                     self.parts.append((s, i, lo + a, lo + b))
-        tag_ub = ps.mpi.Get_attr(MPI.TAG_UB)
-        if tag_ub is not None and P.part_tag(most) > tag_ub:
-            raise ValueError(
-                f"{most} parts per server need tags above this MPI's limit "
-                f"({tag_ub}); raise HYBRIDAGG_PS_PART_BYTES"
-            )
+        check_part_tags(ps, most)
         dtype = params[0].dtype
         self.flat_weights = torch.empty(own, dtype=dtype)
         torch.cat([p.detach().reshape(-1).cpu() for p in params], out=self.flat_weights)

@@ -44,13 +44,15 @@ class PipelinedValidation:
 
     def run(self) -> tuple[float | None, float]:
         """``(accuracy, mean loss)`` of the replica (accuracy ``None`` for mse)."""
-        batches = list(self.evaluator.loader) if self.evaluator is not None else None
+        # (streamed: stage 0 holds one validation batch at a time)
+        loader = self.evaluator.loader if self.evaluator is not None else None
         count = self.group.bcast(
-            len(batches) if batches is not None else None, 0, what="validation batches"
+            len(loader) if loader is not None else None, 0, what="validation batches"
         )
+        batches = iter(loader) if loader is not None else None
         correct, total, loss = 0, 0, 0.0
-        for i in range(count):
-            x, y = batches[i] if batches is not None else (None, None)
+        for _ in range(count):
+            x, y = next(batches) if batches is not None else (None, None)
             # the labels travel with the batch to the last stage
             values, dtype = self.group.bcast(
                 (y.tolist(), str(y.dtype).removeprefix("torch."))

@@ -55,14 +55,14 @@ from .stopping import StopSignal
 from .surviving import SurvivingWorker
 from .validation import Validation
 
-__all__ = ["WorkerRole", "raise_if_nonfinite"]
+__all__ = ["WorkerRole", "agreed", "raise_if_nonfinite"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-def _agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
+def agreed(world: Comm, what: str, build: Callable[[], T]) -> T:
     """Run a set-up phase; a failure on any rank is the same error on every rank."""
     err, value = None, None
     try:
@@ -131,11 +131,11 @@ class WorkerRole:
     def run(self) -> dict | None:
         """Train; returns the summary on rank 0, ``None`` elsewhere."""
         cfg, topo, world = self.cfg, self.topo, self.world
-        local = _agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
+        local = agreed(world, "set-up", lambda: set_up_local(cfg, topo, self.resumed))
         self.model, self.optimizer = local.model, local.optimizer
         self.precision = local.precision
         counter = self.chunks.client if self.chunks is not None else None
-        self.loader = _agreed(
+        self.loader = agreed(
             world, "data", lambda: make_loader(cfg, topo, local, self.resumed, counter)
         )
         if local.part is None and not local.done_already:
