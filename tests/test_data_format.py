@@ -237,6 +237,25 @@ def test_resplit_mid_epoch_keeps_exactly_once():
         resplit_static(shares, consumed[:2], [1, 2, 3])
 
 
+def test_a_parked_worker_gets_an_empty_share_and_the_same_steps():
+    """--cost-budget parks a group with a batch size of 0 mid-epoch."""
+    shares, _ = split_static([(0, 1000)], [8, 24])
+    consumed = [5 * 8, 5 * 24]
+    read = []
+    for s, k in zip(shares, consumed, strict=True):
+        read += [i for a, b in s for i in range(a, b)][:k]
+    new, steps = resplit_static(shares, consumed, [32, 0])
+    assert new[1] == [] and steps == -(-(1000 - 160) // 32)
+    rest = [i for s in new for a, b in s for i in range(a, b)]
+    assert sorted(read + rest) == list(range(1000))  # every sample once
+    back, _ = resplit_static(new, [64, 0], [24, 8])  # brought back
+    assert intervals_length(back[1]) > 0
+    with pytest.raises(ValueError, match="at least one >= 1"):
+        split_static([(0, 10)], [0, 0])
+    with pytest.raises(ValueError, match="at least one >= 1"):
+        split_static([(0, 10)], [-1, 4])
+
+
 def test_local_counter():
     c = LocalCounter()
     assert [c.fetch_add() for _ in range(3)] == [0, 1, 2]

@@ -37,6 +37,9 @@ FLAGS = [
     "--batch-window",
     "--checkpoint",
     "--checkpoint-every",
+    "--cost-budget",
+    "--cost-slot",
+    "--cost-v",
     "--damping",
     "--data",
     "--device",
@@ -65,6 +68,7 @@ FLAGS = [
     "--pipeline-partition",
     "--pipeline-schedule",
     "--plan",
+    "--prices",
     "--resume",
     "--sample-ms",
     "--save-model",
@@ -255,3 +259,64 @@ def test_every_float_flag_must_be_finite(bad):
         args = build_parser().parse_args(["train", "--data", "x.h5", f"{flag}={bad}"])
         with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
             config_from_args(args)
+
+
+def _cost(**extra):
+    base = dict(
+        data="d.h5",
+        mode="sync",
+        groups="0-1,2",
+        pipeline_groups="0",
+        adaptive_batch=True,
+    )
+    return TrainConfig(**{**base, **extra})
+
+
+def test_cost_budget_needs_prices_and_a_pipelined_sync_job_with_adaptive_batches():
+    cfg = _cost(cost_budget=10.0, prices="0-1:4,2:3")
+    assert cfg.cost_budget == 10.0 and cfg.cost_slot == 20
+    with pytest.raises(ValueError, match="--cost-budget needs --prices"):
+        _cost(cost_budget=10.0)
+    for extra in (
+        {"adaptive_batch": False},
+        {"pipeline_groups": None},
+        {"mode": "hybrid", "servers": 1, "adaptive_batch": False},
+    ):
+        with pytest.raises(ValueError, match="--cost-budget needs --pipeline-groups"):
+            _cost(cost_budget=10.0, prices="0-2:1", **extra)
+    for name, value in (("prices", "0:1"), ("cost_v", 2.0), ("cost_slot", 5)):
+        with pytest.raises(ValueError, match="is for --cost-budget"):
+            _cost(**{name: value})
+    with pytest.raises(ValueError, match="--cost-v must be positive"):
+        _cost(cost_budget=1.0, prices="0-2:1", cost_v=0.0)
+    with pytest.raises(ValueError, match="RANKS:PRICE"):
+        _cost(cost_budget=1.0, prices="0-2")
+    with pytest.raises(ValueError, match="names rank 1 twice"):
+        _cost(cost_budget=1.0, prices="0-1:1,1:2")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        _cost(cost_budget=1.0, prices="0-2:-1")
+
+
+def test_rank_prices_from_items_or_a_cluster_file(tmp_path):
+    from hybridagg.train.config.cost import rank_prices
+
+    assert rank_prices("0-1:4,2:3.5", 3) == [4.0, 4.0, 3.5]
+    with pytest.raises(ValueError, match=r"ranks \[2\] have no price"):
+        rank_prices("0-1:4", 3)
+    with pytest.raises(ValueError, match=r"ranks \[3\] are not workers"):
+        rank_prices("0-3:4", 3)
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "name: t\n"
+        "links:\n"
+        "  intra_node: {bandwidth: 50GB/s, latency: 2us}\n"
+        "  inter_node: {bandwidth: 100Gb/s, latency: 5us}\n"
+        "node_types:\n"
+        "  - {name: fast, count: 1, devices: 2, speed: 1.0, price_per_hour: 8.0}\n"
+        "  - {name: slow, count: 2, devices: 1, speed: 0.25, price_per_hour: 3.0}\n"
+    )
+    assert rank_prices(str(path), 3) == [4.0, 4.0, 3.0]
+    with pytest.raises(ValueError, match="the cluster has 4 devices, the job 5"):
+        rank_prices(str(path), 5)
+    with pytest.raises(ValueError, match="no such cluster file"):
+        rank_prices(str(tmp_path / "missing.yaml"), 3)

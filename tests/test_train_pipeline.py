@@ -7,6 +7,7 @@ computes the gradient of its replica, so a job whose group is pipelined
 takes the same updates as one whose group is one rank holding the replica.
 """
 
+import json
 import re
 
 import pytest
@@ -239,6 +240,11 @@ def test_a_pipelined_group_inside_a_hybrid_job_converges_on_digits(digits, tmp_p
             ["--groups", "0-1,2", "--pipeline-groups", "0", "--model", "resnet"],
             "floating buffers",
         ),
+        (
+            ["--groups", "0-1,2", "--pipeline-groups", "0", "--adaptive-batch"]
+            + ["--cost-budget", "5", "--prices", "0-1:4"],
+            r"ranks \[2\] have no price",
+        ),
     ],
 )
 def test_bad_pipeline_settings_stop_every_rank_with_one_message(digits, args, match):
@@ -270,3 +276,44 @@ def test_sync_shares_follow_the_groups_measured_batch_times(digits, tmp_path):
     assert sum(shares) == 64  # the global batch is kept
     assert shares[0] > 3 * shares[1], shares  # the pipeline carries the most
     assert s["final_accuracy"] > 0.85, s
+
+
+def test_cost_budget_parks_the_slow_group_and_brings_it_back(digits, tmp_path):
+    """--cost-budget between the pipeline's price and every group's price.
+
+    The first slot runs every group (11 $/h, above the budget of 10), so
+    the queue is positive and, with a small V, the controller parks a
+    group; once the queue is paid off the faster set (every group) wins
+    again. The run reads every sample of every epoch, and its account is
+    the active prices times the measured seconds.
+    """
+    from hybridagg.data.loader import load_split_info
+
+    metrics = tmp_path / "cost-metrics"
+    args = ["--mode", "sync", "--groups", "0-1,2", "--pipeline-groups", "0"]
+    args += ["--slowdown", "2:2", "--sample-ms", "2", "--epochs", "3"]
+    args += ["--adaptive-batch", "--eval-every", "1000", "--metrics", str(metrics)]
+    args += ["--cost-budget", "10", "--prices", "0-1:4,2:3", "--cost-slot", "10"]
+    args += ["--cost-v", "0.01"]
+    s = _run(digits, tmp_path, "cost", 3, args)
+    cost = s["cost"]
+    assert cost["group_prices_per_hour"] == [8.0, 3.0]
+    actives = [tuple(c["active"]) for c in cost["choices"]]
+    assert actives[0] == (0, 1)  # measured before any choice
+    parked = [i for i, a in enumerate(actives) if len(a) == 1]
+    assert parked, actives
+    assert any(actives[i + 1] == (0, 1) for i in parked if i + 1 < len(actives)), (
+        actives
+    )
+    for c in cost["choices"]:
+        assert sum(c["shares"]) == 64
+        assert all(c["shares"][g] == 0 for g in (0, 1) if g not in c["active"])
+    spent = sum(c["cost_per_hour"] * c["seconds"] / 3600 for c in cost["choices"])
+    assert cost["spent"] == pytest.approx(spent)
+    assert cost["average_cost_per_hour"] < 11.0  # below never parking
+    assert sum(cost["parked_seconds"]) > 0
+    info = load_split_info([digits], "train")[0]
+    assert s["samples"] == 3 * info.length  # parking loses no sample
+    assert s["final_accuracy"] > 0.85, s
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert sum(r.get("event") == "cost" for r in records) == len(cost["choices"]) - 1

@@ -43,16 +43,27 @@ from .shares import (
 __all__ = ["DynamicShares", "SharePolicy", "StaticShares", "checked_batch_sizes"]
 
 
-def checked_batch_sizes(batch_sizes: Sequence[int], workers: int) -> list[int]:
+def checked_batch_sizes(
+    batch_sizes: Sequence[int], workers: int, *, parked: bool = False
+) -> list[int]:
     """``batch_sizes`` as ints, one positive entry per worker.
 
+    Args:
+        batch_sizes: The sizes.
+        workers: How many entries there must be.
+        parked: Allow 0 (a parked worker: static shares hand it empty
+            batches) while some entry is positive.
+
     Raises:
-        ValueError: Another number of entries, or an entry below 1.
+        ValueError: Another number of entries, or an entry below 1 (below
+            0, or none positive, with ``parked``).
     """
     sizes = [int(b) for b in batch_sizes]
-    if len(sizes) != workers or min(sizes) < 1:
+    low = 0 if parked else 1
+    if len(sizes) != workers or min(sizes) < low or max(sizes) < 1:
+        what = "non-negative entries, one positive," if parked else "positive entries"
         raise ValueError(
-            f"batch_sizes needs {workers} positive entries (one per worker), got {sizes}"
+            f"batch_sizes needs {workers} {what} (one per worker), got {sizes}"
         )
     return sizes
 
@@ -181,8 +192,9 @@ class StaticShares:
     def set_batch_sizes(
         self, batch_sizes: Sequence[int], position: PassPosition
     ) -> bool:
-        """Collective: the unread rest of every share is pooled and cut again."""
-        sizes = checked_batch_sizes(batch_sizes, self.workers)
+        """Collective: the unread rest of every share is pooled and cut again
+        (a size of 0 parks its worker: empty batches until it gets a size)."""
+        sizes = checked_batch_sizes(batch_sizes, self.workers, parked=True)
         mine = (sizes, position.consumed)
         views = (
             self.comm.allgather(mine, what="set_batch_sizes") if self.comm else [mine]

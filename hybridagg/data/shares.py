@@ -207,11 +207,18 @@ def _take(intervals: list[Interval], k: int) -> tuple[list[Interval], list[Inter
     return head, rest
 
 
-def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
+def _check_batch_sizes(
+    batch_sizes: Sequence[int], *, parked: bool = False
+) -> list[int]:
     sizes = [int(b) for b in batch_sizes]
     if not sizes:
         raise ValueError("batch_sizes is empty")
-    if min(sizes) < 1:
+    if parked:  # (a parked worker's size is 0; someone must still read)
+        if min(sizes) < 0 or max(sizes) < 1:
+            raise ValueError(
+                f"batch sizes must be >= 0 with at least one >= 1, got {sizes}"
+            )
+    elif min(sizes) < 1:
         raise ValueError(f"every batch size must be >= 1, got {sizes}")
     return sizes
 
@@ -226,13 +233,15 @@ def split_static(
     batch sizes (largest remainder), each worker taking at most one more,
     partial, batch. So all workers take the same number of steps, and the
     last batch of a worker may be smaller (or empty when fewer samples remain
-    than workers). With ``drop_last`` the remainder is left out.
+    than workers). With ``drop_last`` the remainder is left out. A batch
+    size of 0 parks its worker: its share is empty, and it takes the same
+    steps with empty batches.
 
     Returns:
         The shares (lists of intervals) in worker order, and the number of
         steps every worker takes.
     """
-    sizes = _check_batch_sizes(batch_sizes)
+    sizes = _check_batch_sizes(batch_sizes, parked=True)
     total, global_batch = intervals_length(pool), sum(sizes)
     full, rem = divmod(total, global_batch)
     extra = [0] * len(sizes)

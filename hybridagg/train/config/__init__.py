@@ -35,6 +35,7 @@ from .aggregation import (
     TopologyOptions,
 )
 from .compute import AMP_MODES, ComputeOptions
+from .cost import CostOptions
 from .failures import ON_GROUP_FAILURE, FailureOptions
 from .fields import check_declared, flag, option
 from .heterogeneity import AdaptiveOptions, EmulationOptions
@@ -63,6 +64,7 @@ __all__ = [
     "AdaptiveOptions",
     "CheckpointOptions",
     "ComputeOptions",
+    "CostOptions",
     "DataOptions",
     "EmulationOptions",
     "EvaluationOptions",
@@ -89,6 +91,7 @@ class TrainConfig(
     CheckpointOptions,
     OutputOptions,
     EvaluationOptions,
+    CostOptions,
     AdaptiveOptions,
     EmulationOptions,
     FailureOptions,
@@ -152,6 +155,16 @@ class TrainConfig(
             )
         if self.pipelined:
             self._check_pipelined()
+        if self.cost_budget is not None and not (
+            self.pipelined and self.mode == "sync" and self.adaptive_batch
+        ):
+            # (the controller parks whole groups and re-splits the batch
+            # among the others: the pipelined sync loop's group shares)
+            raise ValueError(
+                "--cost-budget needs --pipeline-groups, --mode sync and "
+                "--adaptive-batch: it chooses which groups train and splits "
+                "the global batch among them"
+            )
         if self.max_batch is not None and not (
             self.min_batch <= self.batch_size <= self.max_batch
         ):

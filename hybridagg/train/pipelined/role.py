@@ -35,6 +35,7 @@ from ...topology import Topology
 from ..checkpoint import Checkpointer
 from ..common import make_optimizer
 from ..config import TrainConfig
+from ..config.cost import rank_prices
 from ..config.pipeline import parse_pipeline_groups
 from ..evaluate import Evaluator
 from ..losses import check_task, loss_function
@@ -47,6 +48,7 @@ from ..worker.epochs import Epochs
 from ..worker.report import publish, summarize
 from ..worker.role import agreed, raise_if_nonfinite
 from ..worker.setup import training_statistics
+from .cost import GroupCostControl
 from .exchange import ServerStageUpdate, make_stage_update, stage_ps_comm
 from .layout import PipelineLayout
 from .stages import StageBuild, build_stage
@@ -126,6 +128,15 @@ class PipelinedWorkerRole:
             cfg, self.layout, self.rank, model, self.sample_shape
         )
         self.optimizer = make_optimizer(cfg, self.build.module)
+        self.group_prices = None
+        if cfg.cost_budget is not None:  # (a bad --prices: here, one verdict)
+            workers = list(topo.workers)
+            price = dict(
+                zip(workers, rank_prices(cfg.prices, len(workers)), strict=True)
+            )
+            self.group_prices = [
+                sum(price[r] for r in ranks) for ranks in self.layout.groups
+            ]
 
     def _data(self) -> None:
         """Stage 0's training loader (the world's "data" agreement)."""
@@ -222,6 +233,7 @@ class PipelinedWorkerRole:
                 cfg.model,
             )
         self.samples = self.steps = self.version = 0
+        self.costs: GroupCostControl | None = None  # --cost-budget (sync)
         self.nonfinite: str | None = None  # why training stopped on a NaN or an inf
         self.nonfinite_own = False
         self.busy = self.wait = 0.0
@@ -330,19 +342,26 @@ class PipelinedWorkerRole:
                 shares=[cfg.batch_size] * groups,
             )
         self.shares = [cfg.batch_size] * groups
+        if self.group_prices is not None:
+            self.costs = GroupCostControl(cfg, solver, self.group_prices, self.shares)
         last = (0, 0.0)  # this group's last batch and its seconds (stage 0)
+        tick = None  # when this rank last met the others here
         while True:
             batch, waited = self._read() if self.first else (None, 0.0)
             n = 0 if batch is None else len(batch[1])
+            now = time.perf_counter()
+            period, tick = (0.0 if tick is None else now - tick), now
             seen = workers.allgather(
-                (n, self.stop.is_set(), *last) if self.first else None,
+                (n, self.stop.is_set(), *last, period) if self.first else None,
                 what="the groups' batches",
             )
             counts = [s for s in seen if s is not None]
             total = sum(c[0] for c in counts)
             if any(c[1] for c in counts):
                 break
-            if solver is not None:
+            if self.costs is not None:
+                self._charge(solver, counts)
+            elif solver is not None:
                 self._reshare(solver, counts)
             if total == 0:  # every group finished the epoch
                 ended = self.epochs.end() if self.first else None
@@ -361,6 +380,9 @@ class PipelinedWorkerRole:
             self._after_update(counts[self.g][0], loss, reply, times, comm, waited)
             if cfg.steps is not None and reply["version"] >= cfg.steps:
                 break
+        if self.costs is not None:
+            # (the rounds up to the last meeting: every rank's account alike)
+            self.cost_account = self.costs.finish()
 
     def _nonfinite_anywhere(self, workers: Comm, loss: float | None) -> bool:
         """Sync: whether any group's loss or this rank's gradient is not finite.
@@ -380,14 +402,57 @@ class PipelinedWorkerRole:
         self.nonfinite_own = bad
         return True
 
-    def _reshare(self, solver: ShareSolver, counts: list[tuple]) -> None:
-        """Feed every group's last batch time to the solver; apply its decision."""
-        for g, (_, _, samples, seconds) in enumerate(counts):
+    def _measure(self, solver: ShareSolver, counts: list[tuple]) -> None:
+        """Feed every group's last batch time to the solver."""
+        for g, (_, _, samples, seconds, _) in enumerate(counts):
             if samples > 0 and seconds > 0:
                 solver.add(g, samples, seconds)
+
+    def _reshare(self, solver: ShareSolver, counts: list[tuple]) -> None:
+        """Feed every group's last batch time to the solver; apply its decision."""
+        self._measure(solver, counts)
         new = solver.decide(sum(self.shares))
-        if new is None:
+        if new is not None:
+            self._set_shares(new)
+
+    def _charge(self, solver: ShareSolver, counts: list[tuple]) -> None:
+        """``--cost-budget``: count the last round (the slowest group's
+        seconds between two meetings); at a slot's end, charge it and run
+        the controller's choice of groups and shares."""
+        self._measure(solver, counts)
+        if self.steps == 0:
+            return  # (the first meeting ends no round)
+        record = self.costs.round(max(c[4] for c in counts))
+        if record is None:
             return
+        choice = self.costs.choice
+        if self.rank == 0:  # (one decision, taken alike everywhere: one record)
+            self.metrics.write(
+                "cost",
+                t=time.perf_counter() - self.t0,
+                version=self.version,
+                active=list(record.choice.active),
+                rounds=record.steps,
+                seconds=record.seconds,
+                cost_per_hour=record.cost_per_hour,
+                batch_time_s=record.batch_time_s,
+                predicted_s=record.predicted_s,
+                queue=record.queue,
+                next_active=list(choice.active),
+            )
+        if choice.active != record.choice.active and self.rank == 0:
+            log.info(
+                "cost control: %s parked, %s training (queue %.3g, budget %.3g/h)",
+                list(choice.parked) or "none",
+                list(choice.active),
+                record.queue,
+                self.cfg.cost_budget,
+            )
+        if list(choice.shares) != self.shares:
+            self._set_shares(list(choice.shares))
+
+    def _set_shares(self, new: list[int]) -> None:
+        """Run ``new`` shares from the next step on (collective over the readers)."""
         old, self.shares = self.shares, new
         if self.loader is not None:  # collective over the readers, all alike
             self.loader.set_batch_sizes(new)
@@ -533,5 +598,7 @@ class PipelinedWorkerRole:
         }
         if cfg.mode == "sync":
             summary["pipeline"]["shares"] = list(self.shares)
+        if self.costs is not None:
+            summary["cost"] = self.cost_account
         publish(cfg, summary)
         return summary
