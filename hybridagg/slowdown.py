@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Slowdown", "parse_rank_ranges", "parse_slowdown"]
+__all__ = ["Slowdown", "parse_rank_ranges", "parse_rank_values", "parse_slowdown"]
 
 
 def parse_rank_ranges(text: str, what: str = "rank range") -> list[int]:
@@ -41,6 +41,41 @@ def parse_rank_ranges(text: str, what: str = "rank range") -> list[int]:
             raise ValueError(f"{what} {part!r} must be N-M with 0 <= N <= M")
         ranks.extend(range(first, last + 1))
     return sorted(ranks)
+
+
+def parse_rank_values(
+    text: str, what: str, value: str, *, positive: bool = True, where: str = ""
+) -> dict[int, float]:
+    """Parse ``RANKS:VALUE`` items separated by commas (``"0-1:4,2:3.5"``).
+
+    Args:
+        text: The items.
+        what: The option, for messages (``"slowdown"``).
+        value: What the number is, for messages (``"factor"``).
+        positive: Require values above 0 (else at or above 0).
+        where: Appended to the message of a rank named twice.
+
+    Raises:
+        ValueError: An item that is not ``RANKS:VALUE``, a value that is not
+            a finite number in range, or a rank named twice.
+    """
+    out: dict[int, float] = {}
+    for item in text.split(","):
+        ranks_text, colon, value_text = item.strip().partition(":")
+        if not colon:
+            raise ValueError(f"{what} item {item!r} is not RANKS:{value.upper()}")
+        try:
+            number = float(value_text)
+        except ValueError:
+            raise ValueError(f"{what} {value} {value_text!r} is not a number") from None
+        if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
+            want = "positive" if positive else "non-negative"
+            raise ValueError(f"{what} {value} {number} must be a finite {want} number")
+        for rank in parse_rank_ranges(ranks_text, f"{what} rank range"):
+            if rank in out:
+                raise ValueError(f"{what} names rank {rank} twice{where}")
+            out[rank] = number
+    return out
 
 
 @dataclass(frozen=True)
@@ -108,25 +143,7 @@ def parse_slowdown(spec: str | None) -> Slowdown:
             raise ValueError(
                 f"slowdown start time {start} must be a finite number >= 0"
             )
-        factors: dict[int, float] = {}
-        for item in body.split(","):
-            ranks_text, colon, factor_text = item.strip().partition(":")
-            if not colon:
-                raise ValueError(f"slowdown item {item!r} is not RANKS:FACTOR")
-            try:
-                factor = float(factor_text)
-            except ValueError:
-                raise ValueError(
-                    f"slowdown factor {factor_text!r} is not a number"
-                ) from None
-            if not (factor > 0 and math.isfinite(factor)):
-                raise ValueError(
-                    f"slowdown factor {factor} must be a finite positive number"
-                )
-            for rank in parse_rank_ranges(ranks_text, "slowdown rank range"):
-                if rank in factors:
-                    raise ValueError(f"slowdown names rank {rank} twice in one phase")
-                factors[rank] = factor
+        factors = parse_rank_values(body, "slowdown", "factor", where=" in one phase")
         phases.append((start, factors))
     phases.sort(key=lambda p: p[0])
     starts = [p[0] for p in phases]

@@ -293,7 +293,7 @@ def test_cost_budget_needs_prices_and_a_pipelined_sync_job_with_adaptive_batches
         _cost(cost_budget=1.0, prices="0-2")
     with pytest.raises(ValueError, match="names rank 1 twice"):
         _cost(cost_budget=1.0, prices="0-1:1,1:2")
-    with pytest.raises(ValueError, match="must be >= 0"):
+    with pytest.raises(ValueError, match="must be a finite non-negative number"):
         _cost(cost_budget=1.0, prices="0-2:-1")
 
 

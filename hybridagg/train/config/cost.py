@@ -8,7 +8,6 @@ with the same message on every rank.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -75,26 +74,9 @@ def _is_file(spec: str) -> bool:
 
 
 def _parse_items(spec: str) -> dict[int, float]:
-    from ...slowdown import parse_rank_ranges
+    from ...slowdown import parse_rank_values
 
-    prices: dict[int, float] = {}
-    for item in spec.split(","):
-        ranks_text, colon, price_text = item.strip().partition(":")
-        if not colon:
-            raise ValueError(f"--prices item {item.strip()!r} is not RANKS:PRICE")
-        try:
-            price = float(price_text)
-        except ValueError:
-            raise ValueError(f"--prices: {price_text!r} is not a number") from None
-        if not (math.isfinite(price) and price >= 0):
-            raise ValueError(
-                f"--prices: a price must be >= 0 and finite, got {price_text!r}"
-            )
-        for rank in parse_rank_ranges(ranks_text, "--prices rank range"):
-            if rank in prices:
-                raise ValueError(f"--prices names rank {rank} twice")
-            prices[rank] = price
-    return prices
+    return parse_rank_values(spec, "--prices", "price", positive=False)
 
 
 def _cluster_prices(path: str) -> list[float]:
