@@ -515,3 +515,24 @@ def test_pipelined_train_bench_bounds_and_a_short_run(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "auto cuts group 0's batch time" in text
     assert bench.main(["--from-json", str(out)]) == 0
+
+
+def test_cost_train_bench_best_mix_and_a_short_run(tmp_path, capsys):
+    """bench/cost_train.py: the best mix within the budget, and short real jobs."""
+    bench = load("cost_train")
+    rows = {"pipeline": {"samples_per_sec": 900.0}, "all": {"samples_per_sec": 1200.0}}
+    assert bench.best_mix_rate(rows, 10.0) == pytest.approx(900 / 3 + 1200 * 2 / 3)
+    assert bench.best_mix_rate(rows, 12.0) == 1200.0
+    assert bench.best_mix_rate(rows, 7.0) is None
+    out = tmp_path / "c.json"
+    argv = ["--V", "0.01", "--epochs", "1", "--slot", "4", "--json", str(out)]
+    assert bench.main(argv) == 0
+    records = json.loads(out.read_text())
+    assert [r["config"] for r in records] == ["all", "pipeline", "ctl-0.01"]
+    ctl = records[-1]
+    assert (
+        ctl["budget_per_hour"] == 10.0
+        and ctl["cost_per_hour"] <= ctl["bound_per_hour"] + 1e-9
+    )
+    assert "Best mix within 10 $/h" in capsys.readouterr().out
+    assert bench.main(["--from-json", str(out)]) == 0
