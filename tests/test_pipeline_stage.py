@@ -330,3 +330,21 @@ def test_the_reducer_refuses_groups_it_cannot_sum_over():
     with pytest.raises(ValueError, match="cut points for 2 stages"):
         CrossGroupReducer(world, [[0, 1]], [[0, 7]], layers)
     world.free()
+
+
+@pytest.mark.mpi(ranks=[2, 3], timeout=60)
+def test_neighbour_links_are_measured_once_and_the_same_on_every_stage(mpi_ranks):
+    from hybridagg.comm import Comm
+    from hybridagg.pipeline.probe import measure_link, neighbour_links
+
+    comm = Comm(name="probe")
+    links = neighbour_links(comm, nbytes=1 << 16, repeats=3)
+    assert len(links) == comm.size - 1
+    seen = comm.allgather([(x.latency_s, x.bandwidth_Bps) for x in links])
+    assert all(s == seen[0] for s in seen)  # every stage holds the same links
+    for x in links:
+        # shared memory here: microseconds, and more than 10 MB/s
+        assert 0 < x.latency_s < 0.05 and x.bandwidth_Bps > 1e7
+    with pytest.raises(ValueError, match="another rank"):
+        measure_link(comm, comm.rank)
+    comm.free()

@@ -317,3 +317,30 @@ def test_cost_budget_parks_the_slow_group_and_brings_it_back(digits, tmp_path):
     assert s["final_accuracy"] > 0.85, s
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert sum(r.get("event") == "cost" for r in records) == len(cost["choices"]) - 1
+
+
+def test_a_slow_link_moves_the_cut_to_a_narrow_boundary():
+    """The cut weighs the measured links once compute has seconds: free links
+    balance the operations; a slow link takes the boundary that sends least."""
+    from hybridagg.pipeline import Link
+    from hybridagg.train.pipelined import cut_stage, plan_units
+
+    model = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 512), nn.ReLU(),
+        nn.Linear(512, 16), nn.ReLU(),
+        nn.Linear(16, 512), nn.ReLU(),
+        nn.Linear(512, 10),
+    )  # fmt: skip
+    plan = plan_units(model, (8, 8))
+    assert plan.sizes == [512 * 4, 16 * 4, 512 * 4]  # bytes per sample
+    cfg = _config(groups="0-1")
+    layout = PipelineLayout(((0, 1),), pipelined=(0,))
+    free = cut_stage(cfg, layout, 0, plan, links={0: [Link()]}, seconds_per_sample=1e-3)
+    assert free.group_bounds == [(0, 1, 4)]  # the first layer holds most operations
+    slow = {0: [Link(latency_s=1e-5, bandwidth_Bps=1e6)]}  # 1 MB/s
+    cut = cut_stage(cfg, layout, 0, plan, links=slow, seconds_per_sample=1e-3)
+    assert cut.group_bounds == [(0, 2, 4)]  # 64 bytes a sample cross, not 2,048
+    # no common unit of compute and links: the links are not weighed
+    blind = cut_stage(cfg, layout, 0, plan, links=slow, seconds_per_sample=None)
+    assert blind.group_bounds == free.group_bounds

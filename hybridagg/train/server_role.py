@@ -16,6 +16,7 @@ from .config import TrainConfig
 from .faults import kill_at
 from .metrics import MetricsWriter
 from .pipelined.exchange import stage_ps_comm
+from .pipelined.role import join_probe
 from .resume import RunStart
 from .survival import FATAL, OK, Ending, RankStatus, end_of_run
 from .usage import machine_usage
@@ -174,6 +175,8 @@ class ServerRole:
         except ValueError as exc:
             err = exc
         world.check(err, what="set-up")  # phase 1: models, checkpoints
+        if cfg.pipelined:  # the stages' links and cut
+            join_probe(cfg, world)
         world.check(None, what="data")  # phase 2: the workers' loader
         metrics = MetricsWriter(cfg.metrics, topo.rank)
         warm_up_optimizer(cfg)

@@ -162,6 +162,10 @@ def test_a_pipeline_across_two_hosts_learns_the_digits(cluster, tmp_path):
     assert s["groups"] == [[0], [1, 2], [3]] and s["pipeline"]["groups"] == [1]
     bounds = s["pipeline"]["bounds"]
     assert bounds[0] == [0, 3] and len(bounds[1]) == 3  # a cut inside group 1
+    # the start-up probe measured the stages' link across hosts: the shaper
+    # (1 Gbit/s) bounds it, and it is far below shared memory's
+    ((latency, bandwidth),) = s["pipeline"]["links"]["1"]
+    assert 0 < latency < 0.01 and 1e7 < bandwidth <= 1.1 * 125e6, (latency, bandwidth)
     assert s["final_accuracy"] >= 0.85, s
     assert job_processes(spec) == []
 

@@ -90,9 +90,10 @@ class PipelineOptions(Concern):
 
     pipeline_partition: str = option("auto", choices=PARTITIONS)
     """where the stages cut the model: auto (the exact dynamic program over
-    per-layer costs measured at start-up, each rank's --slowdown speed and
-    the activations' sizes) or even (the compute shared equally, blind to
-    the ranks' speeds)"""
+    per-layer costs measured at start-up, each rank's --slowdown speed, the
+    activations' sizes and the links between neighbouring stages, measured
+    at start-up) or even (the compute shared equally, blind to the ranks'
+    speeds and the links)"""
 
     def _check(self) -> None:
         spec = self.pipeline_groups

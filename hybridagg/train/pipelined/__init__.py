@@ -8,14 +8,24 @@ stage exchanges its own layers (:mod:`hybridagg.ps.stage_client`).
 
 from .layout import PipelineLayout, flat_owners, ps_order
 from .role import PipelinedWorkerRole
-from .stages import StageBuild, build_stage, pipeline_units
+from .stages import (
+    StageBuild,
+    UnitPlan,
+    build_stage,
+    cut_stage,
+    pipeline_units,
+    plan_units,
+)
 
 __all__ = [
     "PipelineLayout",
     "PipelinedWorkerRole",
     "StageBuild",
+    "UnitPlan",
     "build_stage",
+    "cut_stage",
     "flat_owners",
     "pipeline_units",
+    "plan_units",
     "ps_order",
 ]

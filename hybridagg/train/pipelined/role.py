@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 import time
 
@@ -28,7 +29,8 @@ from ...comm import Comm, solo
 from ...control import ShareSolver
 from ...data import HDF5Loader
 from ...data.loader import load_split_info
-from ...pipeline import PipelineStage, StepTimes
+from ...pipeline import Link, PipelineStage, StepTimes
+from ...pipeline.probe import neighbour_links
 from ...ps.client import part_elements
 from ...ps.protocol import FLAG_STOP
 from ...topology import Topology
@@ -51,12 +53,33 @@ from ..worker.setup import training_statistics
 from .cost import GroupCostControl
 from .exchange import ServerStageUpdate, make_stage_update, stage_ps_comm
 from .layout import PipelineLayout
-from .stages import StageBuild, build_stage
+from .stages import (
+    StageBuild,
+    UnitPlan,
+    cut_stage,
+    measure_model_seconds,
+    partition_seconds,
+    plan_units,
+)
 from .validate import PipelinedValidation
 
-__all__ = ["PipelinedWorkerRole"]
+__all__ = ["PipelinedWorkerRole", "join_probe"]
 
 log = logging.getLogger(__name__)
+
+
+def join_probe(cfg: TrainConfig, world: Comm) -> None:
+    """A server's part of the workers' start-up probe and cut agreement.
+
+    The servers are in the world, so they take part in its collectives
+    (with nothing to say) between the "set-up" and "data" agreements,
+    where :meth:`PipelinedWorkerRole.run` probes the links and cuts.
+    """
+    if cfg.pipeline_partition == "auto":
+        world.allgather(None, what="the groups' links")
+        if cfg.sample_ms <= 0:
+            world.allgather(None, what="the model's time")
+    world.check(None, what="cut")
 
 
 class PipelinedWorkerRole:
@@ -124,9 +147,52 @@ class PipelinedWorkerRole:
         )
         if cfg.mode != "sync":
             part_elements(None, 4)  # (a bad registry value: here, one verdict)
-        self.build: StageBuild = build_stage(
-            cfg, self.layout, self.rank, model, self.sample_shape
+        self.plan: UnitPlan | None = plan_units(model, self.sample_shape)
+
+    def _probe(self) -> None:
+        """``--pipeline-partition auto``: measure every pipelined group's links
+        and agree on the model's seconds per sample (collective over the world).
+
+        Each group's neighbouring stages ping-pong (:func:`neighbour_links`);
+        every rank then holds every group's links, so every rank computes
+        the same cuts.
+        """
+        cfg, topo = self.cfg, self.topo
+        self.links: dict[int, list[Link]] = {}
+        self.seconds_per_sample: float | None = None
+        if cfg.pipeline_partition != "auto":
+            return
+        group = topo.comms.group
+        mine = []
+        if group.size > 1:
+            mine = [(x.latency_s, x.bandwidth_Bps) for x in neighbour_links(group)]
+        seen = self.world.allgather(
+            (self.g, mine) if group.rank == 0 and mine else None,
+            what="the groups' links",
         )
+        self.links = {g: [Link(*x) for x in ls] for g, ls in filter(None, seen)}
+        measured = None
+        if cfg.sample_ms <= 0:
+            times = self.world.allgather(
+                measure_model_seconds(self.plan.model, self.plan.sample),
+                what="the model's time",
+            )
+            measured = statistics.median(t for t in times if t is not None)
+        self.seconds_per_sample = partition_seconds(cfg, measured)
+
+    def _cut(self) -> None:
+        """Every group's cut, this rank's stage and its optimizer (the world's
+        "cut" agreement)."""
+        cfg, topo = self.cfg, self.topo
+        self.build: StageBuild = cut_stage(
+            cfg,
+            self.layout,
+            self.rank,
+            self.plan,
+            links=self.links,
+            seconds_per_sample=self.seconds_per_sample,
+        )
+        self.plan = None  # (the whole model goes; this rank keeps its stage)
         self.optimizer = make_optimizer(cfg, self.build.module)
         self.group_prices = None
         if cfg.cost_budget is not None:  # (a bad --prices: here, one verdict)
@@ -173,6 +239,8 @@ class PipelinedWorkerRole:
         # replica's set-up does)
         self.statistics = training_statistics(cfg, workers)
         agreed(self.world, "set-up", self._set_up)
+        self._probe()
+        agreed(self.world, "cut", self._cut)
         # the readers' communicator: every group's stage 0 (collective over
         # the workers)
         self.readers = workers.split(
@@ -595,6 +663,18 @@ class PipelinedWorkerRole:
             "micro_batches": cfg.micro_batches,
             "schedule": cfg.pipeline_schedule,
             "partition": cfg.pipeline_partition,
+            # each pipelined group's measured links: [latency s, bytes/s]
+            # (None: too fast to tell from the latency)
+            "links": {
+                str(g): [
+                    [
+                        x.latency_s,
+                        x.bandwidth_Bps if math.isfinite(x.bandwidth_Bps) else None,
+                    ]
+                    for x in ls
+                ]
+                for g, ls in self.links.items()
+            },
         }
         if cfg.mode == "sync":
             summary["pipeline"]["shares"] = list(self.shares)

@@ -2,9 +2,11 @@
 
 Every rank builds the whole model from the run's seed (so every group
 starts from the same weights), cuts it into pipeline units, measures each
-unit's floating-point operations and output size on one sample, chooses
-every group's stage bounds (the same on every rank: the same inputs and a
-deterministic program), keeps its own stage's layers and lets the rest go.
+unit's floating-point operations and output size on one sample
+(:func:`plan_units`), then chooses every group's stage bounds from those,
+the ranks' speeds and the links measured between neighbouring stages (the
+same on every rank: the same inputs and a deterministic program), keeps
+its own stage's layers and lets the rest go (:func:`cut_stage`).
 Building the whole model first is what lets every rank compute every
 group's cut; a model too large for one rank's memory would need a
 meta-device build, which this does not do yet.
@@ -35,7 +37,16 @@ from ..config import TrainConfig
 from ..pacing import module_costs
 from .layout import PipelineLayout
 
-__all__ = ["StageBuild", "build_stage", "pipeline_units"]
+__all__ = [
+    "StageBuild",
+    "UnitPlan",
+    "build_stage",
+    "cut_stage",
+    "measure_model_seconds",
+    "partition_seconds",
+    "pipeline_units",
+    "plan_units",
+]
 
 
 def pipeline_units(layers: list[nn.Module]) -> list[list[int]]:
@@ -107,7 +118,7 @@ def _check_model(model: nn.Module) -> None:
         )
 
 
-def _measured(model: nn.Module, sample: torch.Tensor, n: int = 32) -> float:
+def measure_model_seconds(model: nn.Module, sample: torch.Tensor, n: int = 32) -> float:
     """Seconds per sample of the whole model's forward and backward here (best of 3)."""
     batch = sample.expand(n, *sample.shape[1:]).contiguous()
     best = float("inf")
@@ -119,25 +130,33 @@ def _measured(model: nn.Module, sample: torch.Tensor, n: int = 32) -> float:
     return best / n
 
 
-def build_stage(
-    cfg: TrainConfig,
-    layout: PipelineLayout,
-    rank: int,
-    model: nn.Module,
-    sample_shape: tuple[int, ...],
-) -> StageBuild:
-    """Cut ``model`` for the job and keep this rank's stage.
+@dataclass
+class UnitPlan:
+    """The model cut into units, and what the partition needs of each.
 
-    Args:
-        cfg: The run's options (partition, --slowdown, --sample-ms).
-        layout: The job's groups.
-        rank: This worker's world rank.
+    Attributes:
         model: The whole model, built from the run's seed.
-        sample_shape: One sample's shape (without the batch dimension).
+        units: Each unit as an ``nn.Sequential`` of the model's layers.
+        flops: Each unit's floating-point operations on one sample
+            (parameters where none is counted).
+        numels: Parameters of each unit.
+        sizes: Bytes per sample crossing each boundary between units.
+        sample: One zero sample (with its batch dimension).
+    """
+
+    model: nn.Module
+    units: list[nn.Sequential]
+    flops: list[float]
+    numels: list[int]
+    sizes: list[float]
+    sample: torch.Tensor
+
+
+def plan_units(model: nn.Module, sample_shape: tuple[int, ...]) -> UnitPlan:
+    """Cut ``model`` into units and measure them on one sample (local, deterministic).
 
     Raises:
-        ValueError: A model the job cannot pipeline, or a group with more
-            stages than the model has units.
+        ValueError: A model the job cannot pipeline.
     """
     _check_model(model)
     layers = model_layers(model)
@@ -156,7 +175,52 @@ def build_stage(
         for unit in units[:-1]:
             x = unit(x)
             sizes.append(float(x.numel() * x.element_size()))
+    return UnitPlan(model, units, seconds, numels, sizes, sample)
+
+
+def partition_seconds(cfg: TrainConfig, measured: float | None) -> float | None:
+    """The whole model's seconds per sample the cut weighs links against.
+
+    ``--sample-ms`` when given (every rank knows it); else ``measured``, a
+    time every rank agreed on; ``None`` when neither (the cut then takes
+    the links as free: compute in operations has no common unit with them).
+    """
+    if cfg.sample_ms > 0:
+        return cfg.sample_ms / 1000.0
+    return measured
+
+
+def cut_stage(
+    cfg: TrainConfig,
+    layout: PipelineLayout,
+    rank: int,
+    plan: UnitPlan,
+    *,
+    links: dict[int, list[Link]] | None = None,
+    seconds_per_sample: float | None = None,
+) -> StageBuild:
+    """Every group's bounds over ``plan``'s units, and this rank's stage.
+
+    Args:
+        cfg: The run's options (partition, --slowdown, --sample-ms,
+            --batch-size, --micro-batches).
+        layout: The job's groups.
+        rank: This worker's world rank.
+        plan: The units (:func:`plan_units`).
+        links: Each pipelined group's links between neighbouring stages
+            (:func:`hybridagg.pipeline.probe.neighbour_links`), by group
+            index; ``None`` or a group left out: free links.
+        seconds_per_sample: The whole model's agreed seconds per sample
+            (:func:`partition_seconds`), which puts compute and links in
+            one unit; ``None``: links are not weighed.
+
+    Raises:
+        ValueError: A group with more stages than the model has units.
+    """
+    units, seconds, sizes = plan.units, plan.flops, plan.sizes
     slowdown = cfg.parsed_slowdown()
+    micro = max(1, -(-cfg.batch_size // cfg.micro_batches))
+    scale = None if seconds_per_sample is None else seconds_per_sample / sum(seconds)
     bounds = []
     for g, ranks in enumerate(layout.groups):
         if len(ranks) > len(units):
@@ -170,7 +234,12 @@ def build_stage(
             bounds.append(tuple(even_partition(seconds, len(ranks))))
         else:
             speeds = [1.0 / slowdown.factor(r) for r in ranks]
-            bounds.append(tuple(best_partition(seconds, speeds, sizes, Link()).bounds))
+            link: Link | list[Link] = Link()
+            costs = seconds
+            if scale is not None and links and g in links:
+                link, costs = links[g], [f * scale for f in seconds]
+            part = best_partition(costs, speeds, sizes, link, micro)
+            bounds.append(tuple(part.bounds))
     g, k = layout.group_of(rank), layout.stage_of(rank)
     lo, hi = bounds[g][k], bounds[g][k + 1]
     share = sum(seconds[lo:hi]) / sum(seconds)
@@ -179,7 +248,11 @@ def build_stage(
         # --sample-ms is the whole model's time per sample; without it, the
         # real time measured here, stretched by the factor (as a whole
         # replica's pacer stretches its measured step)
-        base = cfg.sample_ms / 1000.0 if cfg.sample_ms > 0 else _measured(model, sample)
+        base = (
+            cfg.sample_ms / 1000.0
+            if cfg.sample_ms > 0
+            else measure_model_seconds(plan.model, plan.sample)
+        )
         per_sample = base * share * slowdown.factor(rank)
         forward = FORWARD_SHARE * per_sample
         pace = StagePace(forward_s=forward, backward_s=per_sample - forward)
@@ -189,7 +262,30 @@ def build_stage(
         units=[u if lo <= i < hi else nn.Sequential() for i, u in enumerate(units)],
         group_bounds=bounds,
         unit_seconds=seconds,
-        unit_numels=numels,
+        unit_numels=plan.numels,
         pace=pace,
         share=share,
     )
+
+
+def build_stage(
+    cfg: TrainConfig,
+    layout: PipelineLayout,
+    rank: int,
+    model: nn.Module,
+    sample_shape: tuple[int, ...],
+) -> StageBuild:
+    """:func:`plan_units` then :func:`cut_stage` with free links (no MPI).
+
+    Args:
+        cfg: The run's options (partition, --slowdown, --sample-ms).
+        layout: The job's groups.
+        rank: This worker's world rank.
+        model: The whole model, built from the run's seed.
+        sample_shape: One sample's shape (without the batch dimension).
+
+    Raises:
+        ValueError: A model the job cannot pipeline, or a group with more
+            stages than the model has units.
+    """
+    return cut_stage(cfg, layout, rank, plan_units(model, sample_shape))
