@@ -65,6 +65,7 @@ FLAGS = [
     "--overlap",
     "--overwrite-checkpoints",
     "--pipeline-groups",
+    "--pipeline-init",
     "--pipeline-partition",
     "--pipeline-schedule",
     "--plan",

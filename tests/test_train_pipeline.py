@@ -344,3 +344,83 @@ def test_a_slow_link_moves_the_cut_to_a_narrow_boundary():
     # no common unit of compute and links: the links are not weighed
     blind = cut_stage(cfg, layout, 0, plan, links=slow, seconds_per_sample=None)
     assert blind.group_bounds == free.group_bounds
+
+
+def test_a_meta_build_makes_only_the_ranks_own_units_the_same_in_any_cut():
+    """--pipeline-init meta: nothing of the whole model is allocated; each
+    rank's units get memory and the weights of (seed, unit), whatever the cut."""
+    import torch
+
+    from hybridagg.train.pipelined import cut_stage, plan_units
+
+    with torch.device("meta"):
+        model = mlp((8, 8), 10)
+    plan = plan_units(model, (8, 8))
+    assert plan.meta and len(plan.units) == 3
+    layout = PipelineLayout(((0, 1), (2, 3)), pipelined=(0, 1))
+    cfg = _config(groups="0-1,2-3", pipeline_init="meta", slowdown="1:4", sample_ms=1.0)
+    mine = cut_stage(cfg, layout, 0, plan)  # rank 0: group 0's first stage
+    assert mine.group_bounds == [(0, 2, 3), (0, 1, 3)]  # the groups cut apart
+    held = [i for i, u in enumerate(mine.units) if len(u)]
+    assert held == [0, 1]
+    assert all(not p.is_meta for p in mine.module.parameters())
+    assert all(p.is_meta for p in plan.units[2].parameters())  # never made
+    # rank 3 holds units 1 and 2 in group 1's cut: unit 1 is the same weights
+    with torch.device("meta"):
+        other = plan_units(mlp((8, 8), 10), (8, 8))
+    theirs = cut_stage(cfg, layout, 3, other)
+    for a, b in zip(
+        mine.units[1].parameters(), theirs.units[1].parameters(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def test_a_meta_build_follows_gpt2s_initialisation_and_refuses_what_it_cannot_make():
+    import torch
+
+    from hybridagg.pipeline import model_layers
+    from hybridagg.train.architectures import gpt2
+    from hybridagg.train.pipelined.meta import check_meta_model, materialize_unit
+
+    with torch.device("meta"):
+        model = gpt2((64,), 10)
+    layers = model_layers(model)
+    check_meta_model(model, layers)
+    block = nn.Sequential(layers[1])
+    materialize_unit(block, seed=0, index=1)
+    params = dict(block.named_parameters())
+    assert torch.equal(params["0.ln_1.weight"], torch.ones(256))
+    assert torch.equal(params["0.attn.c_attn.bias"], torch.zeros(768))
+    std = params["0.mlp.c_fc.weight"].std().item()
+    assert 0.018 < std < 0.022  # GPT-2's 0.02, not PyTorch's default
+    proj = params["0.attn.c_proj.weight"].std().item()
+    assert proj < 0.8 * std  # residual projections scaled by 1/sqrt(2 n_layer)
+
+    class Raw(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(3))
+
+        def forward(self, x):
+            return x * self.w
+
+    with torch.device("meta"):
+        raw = nn.Sequential(Raw(), nn.Linear(3, 2))
+    with pytest.raises(ValueError, match="has no reset_parameters"):
+        check_meta_model(raw, list(raw))
+    with torch.device("meta"):
+        buffered = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    buffered.register_buffer("steps", torch.zeros(1, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match="without buffers"):
+        check_meta_model(buffered, list(buffered))
+    with pytest.raises(ValueError, match="needs --sample-ms"):
+        _config(pipeline_init="meta", slowdown="1:4")
+
+
+def test_a_meta_built_sync_job_of_two_pipelines_cut_apart_converges(digits, tmp_path):
+    args = ["--mode", "sync", "--groups", "0-1,2-3", "--pipeline-groups", "all"]
+    args += ["--pipeline-init", "meta", "--slowdown", "1:4", "--sample-ms", "1"]
+    args += ["--epochs", "4", "--eval-every", "1000"]
+    s = _run(digits, tmp_path, "meta", 4, args)
+    assert s["pipeline"]["bounds"] == [[0, 2, 3], [0, 1, 3]]
+    assert s["final_accuracy"] > 0.9, s

@@ -204,9 +204,26 @@ class _MLP(nn.Module):
         return self.c_proj(self.gelu(self.c_fc(x)))
 
 
+def _gpt2_init(module: nn.Module, n_layer: int) -> None:
+    """GPT-2's initialisation of ``module``'s parameters, by name: normal with
+    std 0.02, residual projections scaled by ``1/sqrt(2 n_layer)``, biases
+    zero, layer norms' weights one."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer))
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif "ln_" in name:
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, std=0.02)
+
+
 class _Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int) -> None:
+    def __init__(self, n_embd: int, n_head: int, n_layer: int = 1) -> None:
         super().__init__()
+        self.n_layer = n_layer  # (for the residual projections' scale)
         self.ln_1 = nn.LayerNorm(n_embd)
         self.attn = _CausalSelfAttention(n_embd, n_head)
         self.ln_2 = nn.LayerNorm(n_embd)
@@ -215,6 +232,10 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation of this block (a pipeline stage's own)."""
+        _gpt2_init(self, self.n_layer)
 
 
 class GPT2(nn.Module):
@@ -266,18 +287,15 @@ class GPT2(nn.Module):
             {
                 "wte": nn.Linear(patch, n_embd),
                 "wpe": nn.Embedding(self.tokens, n_embd),
-                "h": nn.ModuleList(_Block(n_embd, n_head) for _ in range(n_layer)),
+                "h": nn.ModuleList(
+                    _Block(n_embd, n_head, n_layer) for _ in range(n_layer)
+                ),
                 "ln_f": nn.LayerNorm(n_embd),
             }
         )
         self.head = nn.Linear(n_embd, num_classes)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layer))
-            elif name.endswith(".bias"):
-                nn.init.zeros_(p)
-            elif "ln_" not in name:
-                nn.init.normal_(p, std=0.02)
+        self.n_layer = n_layer
+        _gpt2_init(self, n_layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = _embed(self, x)
@@ -314,6 +332,10 @@ class _Embedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _embed(self, x)
 
+    def init_weights(self) -> None:
+        """GPT-2's initialisation of the embeddings."""
+        _gpt2_init(self, 1)
+
 
 class _Head(nn.Module):
     """:class:`GPT2`'s last pipeline layer (``ln_f`` and ``head`` on the last token)."""
@@ -324,6 +346,10 @@ class _Head(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.head(self.ln_f(h)[:, -1])
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation of the final norm and the classifier."""
+        _gpt2_init(self, 1)
 
 
 def gpt2(sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:

@@ -206,6 +206,11 @@ class TrainConfig(
                 "measured batch times); in hybrid mode each group already "
                 "steps at its own pace"
             )
+        if self.pipeline_init == "meta" and self.sample_ms <= 0 and self.slowdown:
+            raise ValueError(
+                "--pipeline-init meta with --slowdown needs --sample-ms: a rank "
+                "cannot time the whole model it never holds"
+            )
         if self.mode == "hybrid" and self.groups == "each":
             raise ValueError(
                 "--pipeline-groups needs groups of several ranks to pipeline; "

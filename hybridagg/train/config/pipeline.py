@@ -11,6 +11,7 @@ from .fields import Concern, option
 __all__ = [
     "PARTITIONS",
     "PIPELINE_INCOMPATIBLE",
+    "PIPELINE_INITS",
     "SCHEDULE_NAMES",
     "PipelineOptions",
     "parse_pipeline_groups",
@@ -20,6 +21,7 @@ __all__ = [
 # checks that the two agree)
 SCHEDULE_NAMES = ("1f1b", "gpipe")
 PARTITIONS = ("auto", "even")
+PIPELINE_INITS = ("seed", "meta")
 
 # Options a job with pipelined groups refuses, and why: each names what the
 # pipelined step does not carry yet, so a user learns it at once, never by a
@@ -94,6 +96,14 @@ class PipelineOptions(Concern):
     activations' sizes and the links between neighbouring stages, measured
     at start-up) or even (the compute shared equally, blind to the ranks'
     speeds and the links)"""
+
+    pipeline_init: str = option("seed", choices=PIPELINE_INITS)
+    """how the ranks get their weights: seed (every rank builds the whole
+    model from --seed, so the job starts from a whole replica's weights,
+    then keeps its stage) or meta (the model is built on the meta device,
+    without memory, and each rank makes and initialises only its own units,
+    from --seed and each unit's index: no rank ever holds the whole model;
+    the weights follow the same distributions, not the same values)"""
 
     def _check(self) -> None:
         spec = self.pipeline_groups

@@ -60,6 +60,7 @@ from .stages import (
     measure_model_seconds,
     partition_seconds,
     plan_units,
+    times_the_model,
 )
 from .validate import PipelinedValidation
 
@@ -77,8 +78,8 @@ def join_probe(cfg: TrainConfig, world: Comm) -> None:
     """
     if cfg.pipeline_partition == "auto":
         world.allgather(None, what="the groups' links")
-        if cfg.sample_ms <= 0:
-            world.allgather(None, what="the model's time")
+    if times_the_model(cfg):
+        world.allgather(None, what="the model's time")
     world.check(None, what="cut")
 
 
@@ -136,14 +137,12 @@ class PipelinedWorkerRole:
         self.window_blocks = window_blocks_for(
             info.length, info.block_samples, topo.num_groups
         )
-        model = build_model(cfg.model, self.sample_shape, info.num_classes)
+        # (meta: shapes and operations only; each rank makes its own units)
+        device = torch.device("meta" if cfg.pipeline_init == "meta" else "cpu")
+        with device:
+            model = build_model(cfg.model, self.sample_shape, info.num_classes)
         check_fits(
-            model,
-            self.sample_shape,
-            info.num_classes,
-            cfg.model,
-            torch.device("cpu"),
-            cfg.loss,
+            model, self.sample_shape, info.num_classes, cfg.model, device, cfg.loss
         )
         if cfg.mode != "sync":
             part_elements(None, 4)  # (a bad registry value: here, one verdict)
@@ -172,7 +171,7 @@ class PipelinedWorkerRole:
         )
         self.links = {g: [Link(*x) for x in ls] for g, ls in filter(None, seen)}
         measured = None
-        if cfg.sample_ms <= 0:
+        if times_the_model(cfg):
             times = self.world.allgather(
                 measure_model_seconds(self.plan.model, self.plan.sample),
                 what="the model's time",

@@ -36,6 +36,7 @@ from ...pipeline import (
 from ..config import TrainConfig
 from ..pacing import module_costs
 from .layout import PipelineLayout
+from .meta import check_meta_model, materialize_unit
 
 __all__ = [
     "StageBuild",
@@ -46,6 +47,7 @@ __all__ = [
     "partition_seconds",
     "pipeline_units",
     "plan_units",
+    "times_the_model",
 ]
 
 
@@ -151,6 +153,11 @@ class UnitPlan:
     sizes: list[float]
     sample: torch.Tensor
 
+    @property
+    def meta(self) -> bool:
+        """Whether the model is on the meta device (``--pipeline-init meta``)."""
+        return any(p.is_meta for p in self.model.parameters())
+
 
 def plan_units(model: nn.Module, sample_shape: tuple[int, ...]) -> UnitPlan:
     """Cut ``model`` into units and measure them on one sample (local, deterministic).
@@ -160,9 +167,12 @@ def plan_units(model: nn.Module, sample_shape: tuple[int, ...]) -> UnitPlan:
     """
     _check_model(model)
     layers = model_layers(model)
+    device = next(model.parameters()).device
+    if device.type == "meta":
+        check_meta_model(model, layers)
     index = pipeline_units(layers)
     units = [nn.Sequential(*(layers[i] for i in unit)) for unit in index]
-    sample = torch.zeros((1, *sample_shape))
+    sample = torch.zeros((1, *sample_shape), device=device)
     flops = layer_costs(model, module_costs(model, sample))
     numels = [sum(p.numel() for p in u.parameters()) for u in units]
     seconds = [sum(flops[i] for i in unit) for unit in index]
@@ -176,6 +186,17 @@ def plan_units(model: nn.Module, sample_shape: tuple[int, ...]) -> UnitPlan:
             x = unit(x)
             sizes.append(float(x.numel() * x.element_size()))
     return UnitPlan(model, units, seconds, numels, sizes, sample)
+
+
+def times_the_model(cfg: TrainConfig) -> bool:
+    """Whether the start-up probe times the whole model on every rank: the
+    cut weighs links (``auto``), ``--sample-ms`` does not give the time, and
+    every rank holds the whole model (``--pipeline-init seed``)."""
+    return (
+        cfg.pipeline_partition == "auto"
+        and cfg.sample_ms <= 0
+        and cfg.pipeline_init == "seed"
+    )
 
 
 def partition_seconds(cfg: TrainConfig, measured: float | None) -> float | None:
@@ -242,6 +263,9 @@ def cut_stage(
             bounds.append(tuple(part.bounds))
     g, k = layout.group_of(rank), layout.stage_of(rank)
     lo, hi = bounds[g][k], bounds[g][k + 1]
+    if plan.meta:  # this rank's units only get memory and weights
+        for i in range(lo, hi):
+            materialize_unit(units[i], cfg.seed, i)
     share = sum(seconds[lo:hi]) / sum(seconds)
     pace = None
     if cfg.sample_ms > 0 or slowdown.factor(rank) != 1.0:
