@@ -424,3 +424,39 @@ def test_a_meta_built_sync_job_of_two_pipelines_cut_apart_converges(digits, tmp_
     s = _run(digits, tmp_path, "meta", 4, args)
     assert s["pipeline"]["bounds"] == [[0, 2, 3], [0, 1, 3]]
     assert s["final_accuracy"] > 0.9, s
+
+
+_BAD_PIPE = """from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 32)
+        self.b = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.b(self.a(x.flatten(1)))
+
+    def pipeline_layers(self):
+        return [self.b, self.a]  # out of order: the stages do not compose
+
+
+def build():
+    return M()
+"""
+
+
+def test_pipeline_layers_that_do_not_compose_are_one_clean_error(digits, tmp_path):
+    """The whole forward fits, the pipeline layers do not: one message, from
+    every rank's set-up agreement, never a traceback or a wait."""
+    (tmp_path / "badpipe.py").write_text(_BAD_PIPE)
+    args = ["--data", digits, "--no-progress", "--steps", "3", "--mode", "hybrid"]
+    args += ["--groups", "0-1,2", "--servers", "1", "--pipeline-groups", "0"]
+    args += ["--model", "badpipe:build"]
+    result = run_train(4, args, env={"PYTHONPATH": str(tmp_path)}, timeout=90)
+    text = output(result)
+    assert result.returncode != 0
+    assert "Traceback" not in text, text[-3000:]
+    assert "pipeline layers do not compose: unit 0 (Linear)" in text, text[-3000:]
+    assert text.count("hybridagg train: error:") == 1, text[-3000:]

@@ -178,6 +178,8 @@ class ServerRole:
         if cfg.pipelined:  # the stages' links and cut
             join_probe(cfg, world)
         world.check(None, what="data")  # phase 2: the workers' loader
+        if cfg.pipelined:
+            world.check(None, what="the stages")
         metrics = MetricsWriter(cfg.metrics, topo.rank)
         warm_up_optimizer(cfg)
         events = _ServerEvents(cfg, topo, ck, metrics)

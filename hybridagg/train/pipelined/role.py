@@ -247,6 +247,23 @@ class PipelinedWorkerRole:
         )
         agreed(self.world, "data", self._data)
         group = topo.comms.group
+        loss = loss_function(cfg.loss)
+        sample = torch.zeros((1, *self.sample_shape)) if self.first else None
+        # (a stage's error is the same on its group's stages already; the
+        # world's agreement tells the other groups and the servers, which
+        # would otherwise wait for this group until their timeout)
+        self.stage = agreed(
+            self.world,
+            "the stages",
+            lambda: PipelineStage(
+                self.build.module,
+                group,
+                sample=sample,
+                loss=loss if self.last else None,
+                schedule=cfg.pipeline_schedule,
+                pace=self.build.pace,
+            ),
+        )
         ps = None
         if cfg.mode != "sync":
             ps = stage_ps_comm(self.world, self.layout.groups, topo.servers)
@@ -260,16 +277,6 @@ class PipelinedWorkerRole:
             build=self.build,
             optimizer=self.optimizer,
             group_index=self.g,
-        )
-        loss = loss_function(cfg.loss)
-        sample = torch.zeros((1, *self.sample_shape)) if self.first else None
-        self.stage = PipelineStage(
-            self.build.module,
-            group,
-            sample=sample,
-            loss=loss if self.last else None,
-            schedule=cfg.pipeline_schedule,
-            pace=self.build.pace,
         )
         self.validation = (
             PipelinedValidation(

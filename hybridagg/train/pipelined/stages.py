@@ -182,8 +182,18 @@ def plan_units(model: nn.Module, sample_shape: tuple[int, ...]) -> UnitPlan:
     sizes = []
     with torch.no_grad():
         x = sample
-        for unit in units[:-1]:
-            x = unit(x)
+        for i, unit in enumerate(units[:-1]):
+            try:
+                x = unit(x)
+            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                # (the whole forward fits: the pipeline layers do not compose)
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise ValueError(
+                    f"the model's pipeline layers do not compose: unit {i} "
+                    f"({type(unit[0]).__name__}) cannot take "
+                    + ("one sample" if i == 0 else f"unit {i - 1}'s output")
+                    + f" of shape {tuple(x.shape)}: {type(exc).__name__}: {reason}"
+                ) from None
             sizes.append(float(x.numel() * x.element_size()))
     return UnitPlan(model, units, seconds, numels, sizes, sample)
 
