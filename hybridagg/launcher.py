@@ -491,6 +491,11 @@ def _apply_plan(
         if not any(w == "--plan" or w.startswith("--plan=") for w in command[at:]):
             command = [*command, "--plan", path]
         return str(plan.ranks), command, script
+    if plan.pipeline_groups:
+        raise LaunchError(
+            f"the plan {path} has pipelined groups, which hybridagg train runs "
+            "(a script's DistributedOptimizer holds a whole replica per rank)"
+        )
     groups = {"hybrid": groups_spec(plan.groups), "async": "each"}.get(plan.mode)
     wanted = (plan.mode, groups, str(plan.servers))
     for flag, mine, theirs in zip(

@@ -69,6 +69,7 @@ import math
 from dataclasses import dataclass
 
 from .job import SimJob
+from .routes import link_between, up_link
 
 __all__ = [
     "Estimate",
@@ -98,32 +99,6 @@ class Estimate:
 
 
 # ------------------------------------------------------------------ routes
-def _up(job: SimJob, node: int) -> tuple[float, float]:
-    """(bandwidth, latency) from a device of ``node`` up to the core switch."""
-    n = job.nodes[node]
-    inter_bw, inter_lat = float(job.inter["bandwidth"]), float(job.inter["latency"])
-    if n["shared"]:  # the node's one host sits on its NIC
-        return inter_bw, inter_lat / 2
-    intra = n["intra"]
-    return (
-        min(float(intra["bandwidth"]), inter_bw),
-        float(intra["latency"]) / 2 + inter_lat / 2,
-    )
-
-
-def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, bool]:
-    """(bandwidth, latency, is a memory copy) of a message from a rank on
-    ``a_node`` to one on ``b_node`` (the engine's platform: each link carries
-    half its latency; a shared node's internal messages are copies)."""
-    if a_node == b_node:
-        node = job.nodes[a_node]
-        if node["shared"]:
-            return float(node["memcpy_Bps"]), float(node["intra"]["latency"]), True
-        return float(node["intra"]["bandwidth"]), float(node["intra"]["latency"]), False
-    (bw_a, lat_a), (bw_b, lat_b) = _up(job, a_node), _up(job, b_node)
-    return min(bw_a, bw_b), lat_a + lat_b, False
-
-
 def _server_copy(job: SimJob, node: int) -> tuple[float, float]:
     """(bandwidth, latency) of a leader-server copy on a node of shared cores
     (its calibrated ``server_link``, else its copies)."""
@@ -190,6 +165,9 @@ def group_step_seconds(job: SimJob, group: list[int]) -> float:
     """Seconds of one step of ``group`` (one ring all-reduce in the group:
     sync with one group, hybrid, async): compute, each bucket's ring
     all-reduce one after another as backward fills them (see the module)."""
+    g = job.groups.index(group)
+    if job.pipeline_of(g) is not None:  # the schedule's exact time (.pipelines)
+        return job.pipeline_step_seconds(g)
     counts = _node_counts(job)
     n = len(group)
     if n == 1:
@@ -299,8 +277,8 @@ def hierarchical_step_seconds(job: SimJob) -> float:
 def _broadcast_seconds(job: SimJob, group: list[int]) -> float:
     """The new weights down the group's chain (one flow per link, pipelined)."""
     n = len(group)
-    if n < 2:
-        return 0.0
+    if n < 2 or job.pipeline_of(job.groups.index(group)) is not None:
+        return 0.0  # (a pipeline's stages each take back their own part)
     worst, max_latency = 0.0, 0.0
     for i in range(n - 1):
         a, b = job.workers[group[i]]["node"], job.workers[group[i + 1]]["node"]
@@ -343,7 +321,9 @@ def _exchange_seconds(
     cpu_busy: list[float],
     nic_busy: float = 0.0,
 ) -> float:
-    """The leader's push of a shard to every server, the update, the reply.
+    """The leader's push of a shard to every server, the update, the reply
+    (a pipelined group: every stage's push of its part's shards, at once;
+    the slowest stage's exchange).
 
     A server's link is shared fairly by the transfers on it (processor
     sharing: a transfer takes ``t / (1 - busy)``); its updates run one at a
@@ -351,9 +331,34 @@ def _exchange_seconds(
     for the updates before it, M/D/1's mean), ``busy`` being the share of
     time the link or the server is in use.
     """
-    leader = job.workers[group[0]]["node"]
+    spec = job.pipeline_of(job.groups.index(group))
+    if spec is None:
+        senders = [(job.workers[group[0]]["node"], job.grad_bytes)]
+    else:
+        senders = [
+            (job.workers[r]["node"], part)
+            for r, part in zip(spec["ranks"], spec["parts"], strict=True)
+        ]
+    return max(
+        _push_seconds(job, node, nbytes, update, link, link_busy, cpu_busy, nic_busy)
+        for node, nbytes in senders
+    )
+
+
+def _push_seconds(
+    job: SimJob,
+    leader: int,
+    nbytes: float,
+    update: list[float],
+    link: list[float],
+    link_busy: list[float],
+    cpu_busy: list[float],
+    nic_busy: float,
+) -> float:
+    """One sender's exchange (see :func:`_exchange_seconds`) of ``nbytes``
+    from node ``leader``."""
     k = len(job.servers)
-    shard = job.grad_bytes / k
+    shard = nbytes / k
     worst = 0.0
     off_node = sum(1 for s in job.servers if s["node"] != leader)
     for s, seconds, on_link, lb, cb in zip(
@@ -533,7 +538,7 @@ def _steady_training(job: SimJob) -> Estimate:
         job.grad_bytes
         * sum(1 for s in job.servers if s["node"] != n)
         / len(job.servers)
-        / _up(job, n)[0]
+        / up_link(job, n)[0]
         for n in leader_node
     ]
 

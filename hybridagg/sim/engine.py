@@ -179,8 +179,15 @@ class _Sim:
             self.host_node[self.worker_host[r].name] = w["node"]
         for host, srv in zip(self.server_host, job.servers, strict=False):
             self.host_node[host.name] = srv["node"]
-        # the bytes of one push (or reply) to each simulated server
+        # the bytes of one push (or reply) to each simulated server: a
+        # pipelined group's leader (its first stage) sends its own part
         self.shard = job.grad_bytes / len(self.server_host) if self.server_host else 0
+        self.group_shard = [
+            self.shard
+            if job.pipeline_of(g) is None
+            else job.pipelines[g]["parts"][0] / max(1, len(self.server_host))
+            for g in range(len(job.groups))
+        ]
 
     def _build_bank(self, zone, core) -> None:
         """The servers as one bank (:func:`hybridagg.sim.job.bank_servers`):
@@ -400,6 +407,75 @@ class _Sim:
             if rank == 0:  # its group waits for it at the next barrier
                 self._validate(host)
 
+    def stage(self, group: int, position: int) -> None:
+        """One stage of a pipelined group (hybrid; :mod:`.pipelines`): the
+        group's batch through the schedule (its exact time, every stage busy
+        until the batch is through), then every stage's part of the gradient
+        to the servers at once (the first stage's with the step's header,
+        which the servers count as the update), and each stage's part of the
+        new weights back. The stages meet at the group's barrier after the
+        batch is claimed, after the parts arrive, after the leader's
+        exchange and after the replies."""
+        job, st = self.job, self.state
+        spec = job.pipelines[group]
+        ranks = job.groups[group]
+        rank = ranks[position]
+        host = self.worker_host[rank]
+        shared = self.groups_shared[group]
+        leader = position == 0
+        barrier = shared["barrier"]
+        part = spec["parts"][position] / max(1, len(self.server_host))
+        batch = int(job.workers[ranks[0]]["batch"])
+        pool = job.target_samples is not None
+        held: list[int] = []
+        while True:
+            if leader:
+                shared["computed_on"] = shared["weights"]
+                mine = batch
+                if pool:  # the first stage's loader claims, as a worker's does
+                    while len(held) < 1 + job.claim_ahead and st.unclaimed > 0:
+                        take = min(batch, st.unclaimed)
+                        st.unclaimed -= take
+                        held.append(take)
+                    mine = held.pop(0) if held else 0
+                shared["samples_of"][0] = mine
+            barrier.wait()
+            mine = shared["samples_of"][0]
+            if mine == 0:  # an update with no samples ends the group
+                return
+            seconds = job.pipeline_step_seconds(group, self.engine.clock)
+            self.sg.this_actor.sleep_for(seconds * mine / batch)
+            if not leader:
+                self._scatter(host, part, to_servers=True)
+            barrier.wait()  # every stage's part is with the servers
+            if leader:
+                self._leader_step(group, ranks, mine)
+                shared["stop"] = st.stopped
+            barrier.wait()
+            if not leader:
+                self._scatter(host, part, to_servers=False)
+            barrier.wait()  # every stage holds its new weights
+            if leader:
+                st.group_times.setdefault(group, []).append(self.engine.clock)
+            if shared["stop"]:
+                return
+            if rank == 0:
+                self._validate(host)
+
+    def _scatter(self, host, nbytes: float, *, to_servers: bool) -> None:
+        """``nbytes`` between ``host`` and every server at once (flows; a
+        server on ``host``'s node of shared cores: a copy)."""
+        flows = []
+        for server in self.server_host:
+            if server.name == host.name:
+                self.transfer(host, server, nbytes, server=True)
+            elif to_servers:
+                flows.append(self.sg.Comm.sendto_async(host, server, round(nbytes)))
+            else:
+                flows.append(self.sg.Comm.sendto_async(server, host, round(nbytes)))
+        for flow in flows:
+            flow.wait()
+
     def _validate(self, host) -> None:
         """Rank 0 validates once an ``--eval-every`` boundary of the updates
         has been crossed since its last validation (the run's rule,
@@ -585,7 +661,7 @@ class _Sim:
             samples = sum(job.workers[r]["batch"] for r in ranks)
         host = self.worker_host[ranks[0]]
         me = shared["mailbox"]
-        shard = self.shard
+        shard = self.group_shard[group]
         bcast = False
         if shared["pending"]:  # --overlap: the previous push's replies
             shared["weights"] = max(me.get() for _ in self.server_host)
@@ -614,7 +690,6 @@ class _Sim:
         me = sg.Mailbox.by_name(f"server{index}")
         me.set_receiver(sg.Actor.self())  # pushes move while the server works
         host = self.server_host[index]
-        shard = self.shard
         speed = float(job.servers[index]["speed"])
         book = GroupBook(len(job.groups), job.staleness_bound if index == 0 else None)
         version = 0
@@ -633,13 +708,15 @@ class _Sim:
                 book.hold(HeldReply(group, version - 1 - pulled, 1.0))
                 held_version[group] = version
             else:
-                self._reply(host, group, version, shard)
+                self._reply(host, group, version)
             for held in book.release(everyone=st.stopped):
-                self._reply(host, held.group, held_version.pop(held.group), shard)
+                self._reply(host, held.group, held_version.pop(held.group))
 
-    def _reply(self, host, group: int, version: int, shard: float) -> None:
-        """Send the new weights of this shard to ``group``'s leader."""
+    def _reply(self, host, group: int, version: int) -> None:
+        """Send the new weights of this shard to ``group``'s leader (of a
+        pipelined group: its first stage's part of the shard)."""
         leader_host = self.worker_host[self.job.groups[group][0]]
+        shard = self.group_shard[group]
         size = shard
         if leader_host.name == host.name:  # a memory copy, then a notice
             self.transfer(host, leader_host, shard, server=True)
@@ -651,6 +728,11 @@ class _Sim:
         """The leader's mailbox takes replies at once (they move while it computes)."""
         self.groups_shared[group]["mailbox"].set_receiver(self.sg.Actor.self())
         self.worker(group, 0)
+
+    def _start_stage(self, group: int) -> None:
+        """A pipelined group's first stage: its mailbox takes the replies."""
+        self.groups_shared[group]["mailbox"].set_receiver(self.sg.Actor.self())
+        self.stage(group, 0)
 
     def run(self) -> dict[str, Any]:
         sg, job = self.sg, self.job
@@ -678,6 +760,8 @@ class _Sim:
         self.cross_barrier = sg.Barrier(len(job.groups)) if job.hierarchical else None
         self.reduction = {}
         for g, ranks in enumerate(job.groups):
+            if job.pipeline_of(g) is not None:
+                continue  # (a pipeline's stages reduce nothing)
             if len(job.buckets) == 1 or (len(ranks) == 1 and not job.hierarchical):
                 continue  # the worker reduces its one bucket itself
             for i, r in enumerate(ranks):
@@ -693,6 +777,13 @@ class _Sim:
         for s in range(len(self.server_host)):
             sg.Actor.create(f"server{s}", self.server_host[s], self.server, s)
         for g, ranks in enumerate(job.groups):
+            if job.pipeline_of(g) is not None:
+                sg.Actor.create(
+                    f"leader{g}", self.worker_host[ranks[0]], self._start_stage, g
+                )
+                for i, r in enumerate(ranks[1:], start=1):
+                    sg.Actor.create(f"stage{r}", self.worker_host[r], self.stage, g, i)
+                continue
             sg.Actor.create(
                 f"leader{g}", self.worker_host[ranks[0]], self._start_leader, g
             )

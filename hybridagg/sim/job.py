@@ -17,6 +17,7 @@ in proportion to its summed speed).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -25,7 +26,9 @@ from ..modes import check_mode
 from ..slowdown import parse_slowdown
 from ..topology import RankInfo, plan
 from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement
+from .pipelines import pipeline_groups, pipeline_spec, pipeline_step_seconds
 from .profile import Profile, load_profile
+from .routes import link_between
 
 __all__ = [
     "BANK_MIN_FLOWS",
@@ -146,6 +149,17 @@ class SimJob:
     validation_s: float = 0.0
     validation_pull: bool = False
     claim_ahead: int = 0
+    pipelines: list[Any] = field(default_factory=list)
+
+    def pipeline_of(self, group: int) -> dict[str, Any] | None:
+        """``group``'s pipeline (``None``: its ranks each hold a whole replica)."""
+        return self.pipelines[group] if self.pipelines else None
+
+    def pipeline_step_seconds(self, group: int, elapsed: float = 0.0) -> float:
+        """Seconds of one step of pipelined ``group`` at simulated time ``elapsed``."""
+        spec = self.pipelines[group]
+        per_sample = [self.compute_seconds(r, 1, elapsed) for r in spec["ranks"]]
+        return pipeline_step_seconds(spec, per_sample)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -422,6 +436,7 @@ def build_job(
     if options.adaptive_batch:
         for rank, b in enumerate(_adaptive_batches(options, groups, speeds)):
             workers[rank]["batch"] = b
+    _pipelines(options, profile, job_args, cluster)
     if options.epochs is not None:
         if samples is None:
             raise ValueError(
@@ -431,6 +446,83 @@ def build_job(
     elif options.steps is None:
         raise ValueError("give --steps N (or --epochs with --data or --samples)")
     return SimJob(**job_args)
+
+
+def _pipelines(
+    options: JobOptions,
+    profile: Profile,
+    job_args: dict[str, Any],
+    cluster: ClusterSpec,
+) -> None:
+    """Cut the groups ``--pipeline-groups`` names (:mod:`.pipelines`) into
+    ``job_args`` (within each device's memory where its node type gives
+    one); the leader of each carries the group's batch."""
+    groups = job_args["groups"]
+    named = pipeline_groups(getattr(options, "pipeline_groups", None), groups)
+    if not named:
+        return
+    if options.mode != "hybrid":
+        raise ValueError(
+            "hybridagg simulate models pipelined groups in hybrid mode; sync's "
+            "sum of the stages' parts across groups is not modelled yet"
+        )
+    if options.overlap:
+        raise ValueError(
+            "a pipelined job does not overlap its exchange; drop --overlap"
+        )
+    if options.adaptive_batch:
+        raise ValueError(
+            "--adaptive-batch with pipelined groups is sync mode's (a hybrid run "
+            "refuses it); leave it out"
+        )
+    if not profile.units:
+        raise ValueError(
+            f"profile of {profile.model!r} records no pipeline units (profile the "
+            "model again with this hybridagg; a model it cannot pipeline has "
+            "none: see its notes)"
+        )
+    probe = SimJob(**job_args)
+    units = [
+        {"cost": u.cost, "parameters": u.parameters, "output_bytes": u.output_bytes}
+        for u in profile.units
+    ]
+    wire = profile.gradient_bytes(options.wire) / profile.parameters
+    memory = {t.name: t.memory for t in cluster.node_types}
+    per_param = profile.parameter_bytes / profile.parameters
+    total_cost = sum(u.cost for u in profile.units)
+    specs: list[Any] = [None] * len(groups)
+    for g in named:
+        ranks = groups[g]
+        nodes = [probe.workers[r]["node"] for r in ranks]
+        links = []
+        for a, b in itertools.pairwise(nodes):
+            bw, lat, _copy = link_between(probe, a, b)
+            links.append((lat, bw))
+        specs[g] = pipeline_spec(
+            ranks=ranks,
+            units=units,
+            seconds=[probe.compute_seconds(r, 1) for r in ranks],
+            links=links,
+            batch=options.batch_size,
+            micro_batches=int(getattr(options, "micro_batches", 4)),
+            schedule=str(getattr(options, "pipeline_schedule", "1f1b")),
+            partition=str(getattr(options, "pipeline_partition", "auto")),
+            wire_bytes=wire,
+            # a unit's weights and gradient, and its activations of every
+            # micro-batch the group may hold in flight (at most the batch)
+            unit_bytes=[
+                2 * u.parameters * per_param
+                + profile.activation_bytes_per_sample
+                * u.cost
+                / total_cost
+                * options.batch_size
+                for u in profile.units
+            ],
+            memory=[memory[probe.nodes[n]["type"]] for n in nodes],
+        )
+        for r in ranks[1:]:
+            job_args["workers"][r]["batch"] = 0
+    job_args["pipelines"] = specs
 
 
 LOADER_CLAIM_AHEAD = 5

@@ -10,7 +10,12 @@ and servers: ``mpiexec -n``), ``nodes`` used per node type, ``train_args``
 (the best synchronous all-reduce configuration, for comparison) and, when
 the simulator confirmed it, ``simulated_samples_per_sec``; under
 ``--objective time``, ``predicted_time_to_target_s`` (and the best sync
-configuration's, ``sync_time_to_target_s``).
+configuration's, ``sync_time_to_target_s``). A plan with pipelined groups
+names them (``pipeline_groups``: group indices, ``--pipeline-groups``) with
+its ``micro_batches`` and the predicted cut of each (``pipeline_bounds``:
+unit bounds per pipelined group, what the run's own program is expected to
+choose); the first stage of a pipeline carries the group's batch in
+``batch_sizes``, its other stages 0.
 
 It also records what the prediction was scored under, so that a run can
 be held to it: ``wire``, ``slowdown``, ``sample_ms`` and ``optimizer``
@@ -32,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +145,12 @@ class Plan:
     evaluated: int = 0
     memory_dropped: int = 0
     """configurations the planner dropped: over a node type's memory"""
+    pipeline_groups: list[int] = field(default_factory=list)
+    """the groups that are pipelines (``--pipeline-groups``); empty: none"""
+    micro_batches: int = 4
+    """``--micro-batches`` of the pipelined groups"""
+    pipeline_bounds: list[list[int]] = field(default_factory=list)
+    """each pipelined group's predicted cut (unit bounds), in its order"""
 
     def train_args(self) -> list[str]:
         """The plan as ``hybridagg train`` flags."""
@@ -158,6 +169,13 @@ class Plan:
             args += ["--sample-ms", f"{self.sample_ms:g}"]
         if self.optimizer is not None:
             args += ["--optimizer", self.optimizer]
+        if self.pipeline_groups:
+            args += [
+                "--pipeline-groups",
+                ",".join(map(str, self.pipeline_groups)),
+                "--micro-batches",
+                str(self.micro_batches),
+            ]
         return args
 
     def settings(self) -> dict[str, Any]:
@@ -175,6 +193,9 @@ class Plan:
         }
         if self.optimizer is not None:
             out["optimizer"] = self.optimizer
+        if self.pipeline_groups:
+            out["pipeline_groups"] = ",".join(map(str, self.pipeline_groups))
+            out["micro_batches"] = self.micro_batches
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -243,6 +264,9 @@ def make_plan(
         },
         peak_memory_bytes=model.peak_memory(c),
         evaluated=evaluated,
+        pipeline_groups=[g for g, p in enumerate(job.pipelines) if p is not None],
+        micro_batches=model.micro_batches,
+        pipeline_bounds=[list(p["bounds"]) for p in job.pipelines if p is not None],
     )
 
 
@@ -362,11 +386,23 @@ def _check(plan: Plan, path: Path) -> None:
         )
     if plan.ranks != plan.workers + plan.servers:
         raise ValueError(f"{where}: ranks must be workers + servers")
-    if len(plan.batch_sizes) != plan.workers or any(
-        not isinstance(b, int) or b < 1 for b in plan.batch_sizes
+    if not isinstance(plan.pipeline_groups, list) or not all(
+        isinstance(g, int) and 0 <= g < len(groups) and len(groups[g]) > 1
+        for g in plan.pipeline_groups
     ):
         raise ValueError(
-            f"{where}: batch_sizes must be one positive integer per worker"
+            f"{where}: pipeline_groups must be indices of groups of several ranks"
+        )
+    if plan.pipeline_groups and plan.mode != "hybrid":
+        raise ValueError(f"{where}: pipeline_groups are planned in hybrid mode only")
+    later_stages = {r for g in plan.pipeline_groups for r in groups[g][1:]}
+    if len(plan.batch_sizes) != plan.workers or any(
+        not isinstance(b, int) or b < (0 if r in later_stages else 1)
+        for r, b in enumerate(plan.batch_sizes)
+    ):
+        raise ValueError(
+            f"{where}: batch_sizes must be one positive integer per worker "
+            "(0 for a pipeline's later stages)"
         )
     if (plan.mode == "sync") != (plan.servers == 0):
         raise ValueError(f"{where}: sync has no servers; hybrid and async need some")

@@ -61,6 +61,8 @@ class PlanRequest(Protocol):
     objective: str
     min_samples_per_sec: float | None
     convergence: str | None
+    pipelines: str
+    micro_batches: int
     searcher: str
     seed: int
     rounds: int
@@ -95,6 +97,7 @@ def make_model(options: PlanRequest, profile: Profile) -> CostModel:
             if options.convergence is None
             else load_convergence(options.convergence)
         ),
+        micro_batches=int(getattr(options, "micro_batches", 4)),
     )
 
 
@@ -165,7 +168,10 @@ def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, st
     from ._simgrid import SimGridMissing
 
     model = make_model(options, profile)
-    space = model.default_space(batch_sizes=parse_batch_choices(options.batch_choices))
+    space = model.default_space(
+        batch_sizes=parse_batch_choices(options.batch_choices),
+        pipelines=getattr(options, "pipelines", "auto") != "off",
+    )
     objective = Objective(options.objective, options.min_samples_per_sec)
     result = search(
         model,

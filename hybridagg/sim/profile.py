@@ -9,6 +9,12 @@ Every figure is in seconds, bytes or bytes per second:
   device, and each layer's share (its own floating-point operations, from
   :func:`hybridagg.train.pacing.module_costs`, and its measured seconds);
 * ``memory``: parameter bytes and activation bytes per sample;
+* ``units``: the model cut into pipeline units (a layer with parameters
+  and the parameter-free layers after it, as a pipelined group of
+  ``hybridagg train`` cuts it): each unit's cost (its floating-point
+  operations on one sample; its parameters where none is counted, as the
+  run's partition does), parameters and output bytes per sample (what
+  crosses to the next stage); empty for a model that cannot be pipelined;
 * ``allreduce``: latency and bandwidth of an all-reduce inside a group
   (``time = 2(n-1)(latency + bytes / (n x bandwidth))``, fitted on measured
   sizes), ``None`` when measured with one rank;
@@ -44,6 +50,7 @@ __all__ = [
     "MachineInfo",
     "Profile",
     "ServerFit",
+    "UnitCost",
     "load_profile",
     "save_profile",
 ]
@@ -73,6 +80,20 @@ class LayerCost:
     flops: float
     forward_s: float
     backward_s: float
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One pipeline unit of the model (what a stage of a pipelined group holds
+    a run of)."""
+
+    cost: float
+    """its floating-point operations on one sample (its parameters where no
+    operation is counted): the unit's share of the model's time"""
+    parameters: int
+    """its parameters"""
+    output_bytes: float
+    """bytes per sample of its output (what crosses to the next unit)"""
 
 
 @dataclass(frozen=True)
@@ -157,6 +178,8 @@ class Profile:
     ``--eval-every`` updates); 0: not measured"""
     validation_samples: int = 0
     """the samples that validation went over"""
+    units: tuple[UnitCost, ...] = ()
+    """the model's pipeline units in order (empty: it cannot be pipelined)"""
 
     def allreduce_for(self, ranks: int) -> AllreduceFit | None:
         """The all-reduce fit measured at the group size nearest ``ranks``
@@ -382,6 +405,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         raise ValueError(
             f"{where}validation_samples must be an integer >= 0, got {vsamples!r}"
         )
+    units = _units(data.get("units", []), where, params)
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         raise ValueError(f"{where}notes must be a mapping")
@@ -418,8 +442,40 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
             where, "validation_s", data.get("validation_s", 0.0), zero=True
         ),
         validation_samples=vsamples,
+        units=units,
         notes=notes,
     )
+
+
+def _units(data: Any, where: str, parameters: int) -> tuple[UnitCost, ...]:
+    """The ``units`` list, checked (their parameters must add up to the model's)."""
+    if not isinstance(data, list):
+        raise ValueError(f"{where}units must be a list of units")
+    units = []
+    for i, unit in enumerate(data):
+        uw = f"{where}units[{i}]."
+        if not isinstance(unit, dict):
+            raise ValueError(f"{uw[:-1]} must be a mapping")
+        count = _need(unit, "parameters", uw)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{uw}parameters must be an integer >= 0, got {count!r}")
+        units.append(
+            UnitCost(
+                cost=_check(uw, "cost", _need(unit, "cost", uw), zero=True),
+                parameters=count,
+                output_bytes=_check(
+                    uw, "output_bytes", _need(unit, "output_bytes", uw), zero=True
+                ),
+            )
+        )
+    if units and sum(u.parameters for u in units) != parameters:
+        raise ValueError(
+            f"{where}units hold {sum(u.parameters for u in units)} parameters, "
+            f"the model {parameters}"
+        )
+    if units and not any(u.cost > 0 for u in units):
+        raise ValueError(f"{where}units must have a cost above 0 somewhere")
+    return tuple(units)
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -29,6 +29,16 @@ copy of the parameters per :data:`OPTIMIZER_STATES`; in hybrid and async
 the servers step the optimizer and hold its state). On a node of shared
 cores ``memory`` is the node's: its workers' needs add up.
 
+Pipelines (Ling et al.; HeterPS's layer-to-resource assignment): with
+``pipelines`` ``groups``, every hybrid group of two ranks or more is a
+pipeline (``--pipeline-groups``) whose ranks hold consecutive stages of the
+model, cut by the exact program over the profile's units
+(:mod:`.pipelines`); a stage needs only its units' parameters, so a model
+too large for one device fits a group of them. Pipelined candidates are
+hybrid (what the simulator models) with equal batches (a hybrid run
+refuses adaptive batches with pipelines), and the space has them only when
+the profile records pipeline units.
+
 Groupings: ``node`` (one group per node), ``device`` (per node type),
 ``speed:K`` (``hybridagg.topology.speed_groups`` on the ranks' speeds) and
 ``split:K`` (``K`` contiguous runs of ranks as equal as can be). A plan
@@ -52,6 +62,7 @@ from .profile import Profile
 __all__ = [
     "BATCH_RULES",
     "OPTIMIZER_STATES",
+    "PIPELINE_RULES",
     "Candidate",
     "CostModel",
     "Score",
@@ -61,6 +72,9 @@ __all__ = [
 
 BATCH_RULES = ("equal", "speed")
 """Per-rank batches: all ``--batch-size``, or in proportion to speed."""
+
+PIPELINE_RULES = ("none", "groups")
+"""Pipelined groups: none, or every hybrid group of several ranks."""
 
 DEFAULT_GROUPINGS = ("node", "device", "speed:2", "speed:3", "split:2", "split:4")
 
@@ -84,7 +98,8 @@ class Candidate:
         server_type: The node type holding them (``None`` without servers).
         batches: ``equal`` or ``speed`` (:data:`BATCH_RULES`).
         batch_size: The per-rank batch (``--batch-size``; ``None``: the cost
-            model's).
+            model's); a pipelined group's batch.
+        pipelines: ``none`` or ``groups`` (:data:`PIPELINE_RULES`).
     """
 
     mode: str
@@ -94,6 +109,7 @@ class Candidate:
     server_type: str | None = None
     batches: str = "equal"
     batch_size: int | None = None
+    pipelines: str = "none"
 
     def describe(self) -> str:
         """One line for people."""
@@ -105,6 +121,8 @@ class Candidate:
         parts.append(f"batches {self.batches}")
         if self.batch_size is not None:
             parts.append(f"batch size {self.batch_size}")
+        if self.pipelines != "none":
+            parts.append("groups pipelined")
         return ", ".join(parts)
 
 
@@ -138,6 +156,7 @@ class Space:
         server_types: Node types that may hold the servers.
         batches: Batch rules to try.
         batch_sizes: Per-rank batches to try (``None``: the cost model's).
+        pipelines: Pipeline rules to try (:data:`PIPELINE_RULES`).
     """
 
     nodes: tuple[tuple[int, ...], ...]
@@ -147,9 +166,12 @@ class Space:
     server_types: tuple[str, ...] = ()
     batches: tuple[str, ...] = BATCH_RULES
     batch_sizes: tuple[int | None, ...] = (None,)
+    pipelines: tuple[str, ...] = ("none",)
 
     def __post_init__(self) -> None:
-        for name in ("modes", "groupings", "servers", "batches", "batch_sizes"):
+        for name in (
+            "modes", "groupings", "servers", "batches", "batch_sizes", "pipelines"
+        ):  # fmt: skip
             if not getattr(self, name):
                 raise ValueError(f"the search space needs at least one of {name}")
         if not self.nodes or any(not c for c in self.nodes):
@@ -157,6 +179,9 @@ class Space:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ValueError(f"unknown mode(s) {bad}; known: {', '.join(MODES)}")
+        bad = [p for p in self.pipelines if p not in PIPELINE_RULES]
+        if bad:
+            raise ValueError(f"unknown pipeline rule(s) {bad}; known: {PIPELINE_RULES}")
         bad = [b for b in self.batches if b not in BATCH_RULES]
         if bad:
             raise ValueError(f"unknown batch rule(s) {bad}; known: {BATCH_RULES}")
@@ -179,6 +204,7 @@ class Space:
             ("server_type", self.server_types or (None,)),
             ("batches", self.batches),
             ("batch_size", self.batch_sizes),
+            ("pipelines", self.pipelines),
         ]
         return out
 
@@ -191,12 +217,16 @@ class Space:
         """The canonical candidate of one choice per decision."""
         k = len(self.nodes)
         nodes = tuple(choice[:k])
-        mode, grouping, servers, server_type, batches, batch = choice[k:]
+        mode, grouping, servers, server_type, batches, batch, pipes = choice[k:]
         if mode == "sync":
             return Candidate("sync", nodes, "world", 0, None, batches, batch)
         if mode == "async":
-            grouping = "each"
-        return Candidate(mode, nodes, grouping, servers, server_type, batches, batch)
+            return Candidate(mode, nodes, "each", servers, server_type, batches, batch)
+        if pipes != "none":
+            batches = "equal"  # (a hybrid run refuses adaptive batches with pipelines)
+        return Candidate(
+            mode, nodes, grouping, servers, server_type, batches, batch, pipes
+        )
 
     def candidates_on(self, nodes: tuple[int, ...]) -> list[Candidate]:
         """Every distinct candidate on these node counts, in a fixed order."""
@@ -269,6 +299,10 @@ class _Options:
     wire: str = "fp32"
     steps: int | None = 1
     epochs: int | None = None
+    pipeline_groups: str | None = None
+    micro_batches: int = 4
+    pipeline_schedule: str = "1f1b"
+    pipeline_partition: str = "auto"
 
 
 @dataclass
@@ -291,6 +325,7 @@ class CostModel:
             staleness: with it, each score carries its predicted time to
             the target (:func:`~.convergence.time_to_target` on the
             analytic model's group cycles).
+        micro_batches: ``--micro-batches`` of pipelined groups.
     """
 
     cluster: ClusterSpec
@@ -302,6 +337,7 @@ class CostModel:
     wire: str = "fp32"
     optimizer: str | None = None
     convergence: ConvergenceTable | None = None
+    micro_batches: int = 4
     _cache: dict[Candidate, Score | None] = field(default_factory=dict, repr=False)
     _errors: dict[Candidate, str] = field(default_factory=dict, repr=False)
     _memory: set[Candidate] = field(default_factory=set, repr=False)
@@ -316,11 +352,16 @@ class CostModel:
         *,
         modes: tuple[str, ...] = MODES,
         batch_sizes: tuple[int | None, ...] = (None,),
+        pipelines: bool = True,
     ) -> Space:
         """Every node count up to 8 nodes of a type (beyond: powers of two,
         every eighth of the type's nodes, and all), server counts in powers
         of two up to the placement's limit; ``batch_sizes``: per-rank
-        batches to choose from (default: the model's ``batch_size``)."""
+        batches to choose from (default: the model's ``batch_size``);
+        ``pipelines``: pipelined groups too, where :meth:`can_pipeline`."""
+        pipes = ("none",)
+        if pipelines and self.can_pipeline(modes):
+            pipes = ("none", "groups")
         if self.workers is not None:
             limit = max(1, self.workers // 2)
             return Space(
@@ -330,6 +371,7 @@ class CostModel:
                 servers=tuple(k for k in (1, 2, 3, 4) if k <= limit),
                 server_types=(self.cluster.node_types[0].name,),
                 batch_sizes=batch_sizes,
+                pipelines=pipes,
             )
         nodes = []
         for i in self.worker_types():
@@ -350,7 +392,13 @@ class CostModel:
             servers=tuple(k for k in servers if k <= top),
             server_types=self.cluster.servers.node_types,
             batch_sizes=batch_sizes,
+            pipelines=pipes,
         )
+
+    def can_pipeline(self, modes: tuple[str, ...] = MODES) -> bool:
+        """Whether pipelined candidates belong in the space: hybrid is among
+        ``modes`` and the profile records pipeline units."""
+        return "hybrid" in modes and bool(self.profile.units)
 
     # ------------------------------------------------------------ cluster
     def cluster_for(self, c: Candidate) -> ClusterSpec:
@@ -408,17 +456,26 @@ class CostModel:
             adaptive_batch=c.batches == "speed",
             wire=self.wire,
             steps=steps,
+            micro_batches=self.micro_batches,
         )
 
     def job(self, c: Candidate, *, steps: int = 1) -> SimJob:
-        """The simulator's job for ``c``.
+        """The simulator's job for ``c`` (pipelined: every group of several
+        ranks named by ``--pipeline-groups``).
 
         Raises:
             ValueError: ``c`` does not fit the cluster.
         """
-        return build_job(
-            self.options(c, steps=steps), self.cluster_for(c), self.profile
-        )
+        options, cluster = self.options(c, steps=steps), self.cluster_for(c)
+        if c.pipelines == "groups":
+            plain = build_job(options, cluster, self.profile)
+            several = [g for g, ranks in enumerate(plain.groups) if len(ranks) > 1]
+            if not several:
+                raise ValueError(
+                    f"grouping {c.grouping} has no group of several ranks to pipeline"
+                )
+            options = replace(options, pipeline_groups=",".join(map(str, several)))
+        return build_job(options, cluster, self.profile)
 
     # -------------------------------------------------------------- score
     def score(self, c: Candidate) -> Score | None:
@@ -465,12 +522,34 @@ class CostModel:
         state = states * p.parameter_bytes if mode == "sync" else 0.0
         return p.activation_bytes_per_sample * batch + 2 * p.parameter_bytes + state
 
+    def stage_memory(self, spec: dict[str, Any], stage: int) -> float:
+        """Bytes one stage of a pipelined group needs: its units' parameters
+        and their gradient, and the activations of the micro-batches it
+        holds in flight (1F1B: at most as many as stages; GPipe: all)."""
+        p = self.profile
+        per_param = p.parameter_bytes / p.parameters
+        held = len(spec["micro"])
+        if spec["schedule"] == "1f1b":
+            held = min(held, len(spec["ranks"]) - stage)
+        activations = p.activation_bytes_per_sample * spec["shares"][stage]
+        return (
+            2 * spec["parameters"][stage] * per_param
+            + activations * max(spec["micro"]) * held
+        )
+
     def _needs(self, c: Candidate, job: SimJob) -> dict[int, float]:
         """Bytes needed per node of ``job`` (a device's most, or the sum on
         shared cores)."""
         needs: dict[int, float] = {}
-        for w in job.workers:
-            n, need = w["node"], self.device_memory(c.mode, int(w["batch"]))
+        stages: dict[int, float] = {}
+        for spec in job.pipelines or ():
+            for k, r in enumerate(spec["ranks"] if spec else ()):
+                stages[r] = self.stage_memory(spec, k)
+        for rank, w in enumerate(job.workers):
+            n = w["node"]
+            need = stages.get(rank)
+            if need is None:
+                need = self.device_memory(c.mode, int(w["batch"]))
             if job.nodes[n]["shared"]:
                 needs[n] = needs.get(n, 0.0) + need
             else:

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from ..devices import probe_plan, resolve_device_spec
-from ..sim.profile import LayerCost, MachineInfo, Profile, ServerFit
+from ..sim.profile import LayerCost, MachineInfo, Profile, ServerFit, UnitCost
 from .common import make_optimizer
 from .config import OptimOptions
 from .pacing import module_costs
@@ -66,6 +66,7 @@ __all__ = [
     "measure_memcpy",
     "measure_server",
     "measure_validation",
+    "pipeline_unit_costs",
     "profile_model",
 ]
 
@@ -415,6 +416,7 @@ def profile_model(
         else (0.0, 0)
     )
     params = sum(p.numel() for p in model.parameters())
+    units, why_no_units = pipeline_unit_costs(model, sample_shape)
     return Profile(
         model=name,
         parameters=int(params),
@@ -437,13 +439,37 @@ def profile_model(
         batch=batch,
         validation_s=validation_s,
         validation_samples=validation_samples,
+        units=units,
         notes={
+            **({"units": why_no_units} if why_no_units else {}),
             "layers": "measured totals apportioned by each layer's FLOPs "
             "(backward twice forward)",
             "threads": torch.get_num_threads(),
             "optimizer": cfg.optimizer,  # the servers' times depend on it
             **_device_notes(device),
         },
+    )
+
+
+def pipeline_unit_costs(
+    model: nn.Module, sample_shape: tuple[int, ...]
+) -> tuple[tuple[UnitCost, ...], str]:
+    """The model's pipeline units as a pipelined group of ``hybridagg train``
+    cuts it (:func:`hybridagg.train.pipelined.plan_units`: the same units,
+    costs and boundary sizes), or none and why the model cannot be pipelined."""
+    from .pipelined.stages import plan_units
+
+    try:
+        plan = plan_units(model, tuple(sample_shape))
+    except ValueError as exc:
+        return (), f"no pipeline units: {exc}"
+    sizes = [*plan.sizes, 0.0]
+    return (
+        tuple(
+            UnitCost(cost=float(c), parameters=int(n), output_bytes=float(b))
+            for c, n, b in zip(plan.flops, plan.numels, sizes, strict=True)
+        ),
+        "",
     )
 
 

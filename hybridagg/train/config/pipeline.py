@@ -33,7 +33,6 @@ PIPELINE_INCOMPATIBLE: dict[str, str] = {
     "stream_push": "--stream-push",
     "save_model": "--save-model (no rank holds the whole model)",
     "tensorboard": "TensorBoard",
-    "plan": "plan files",
 }
 
 

@@ -259,6 +259,16 @@ class PlanOptions(Concern):
     """with --objective time: convergence table (bench/convergence.py
     --json): updates to the target per samples per update and staleness"""
 
+    pipelines: str = option("auto", choices=("auto", "off"))
+    """auto: also consider hybrid groups that are pipelines (each group of
+    several ranks holds consecutive stages of the model, cut by the exact
+    program; the profile must record the model's pipeline units); off:
+    every rank holds a whole replica"""
+
+    micro_batches: int = option(4, at_least=1)
+    """micro-batches per step of a planned pipelined group (as hybridagg
+    train's --micro-batches)"""
+
     searcher: str = option("auto", choices=("auto", "exact", "rl"))
     """exact: every configuration but those a bound rules out; rl: a policy
     trained with REINFORCE on the analytic model; auto: exact up to 20000
