@@ -35,6 +35,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -146,7 +147,7 @@ def run(setting: str, config: str, args, work: Path) -> dict:
     if result.returncode != 0:
         raise RuntimeError(result.stdout[-2000:] + result.stderr[-2000:])
     s = json.loads(out.read_text())
-    return {
+    record = {
         "setting": setting,
         "config": config,
         "batch_time_s": _period(metrics, args.warmup),
@@ -154,24 +155,68 @@ def run(setting: str, config: str, args, work: Path) -> dict:
         "final_accuracy": s["final_accuracy"],
         "bounds": (s.get("pipeline") or {}).get("bounds"),
     }
+    if args.profile is not None:
+        record.update(
+            predict(train, spec["ranks"] + 1, args, work / f"{setting}-{config}")
+        )
+    return record
+
+
+def predict(train: list[str], ranks: int, args, stem: Path) -> dict:
+    """``hybridagg simulate`` of the same job (the same flags, ``--profile``):
+    the predicted samples/s, group 0's seconds per update and its cut."""
+    from hybridagg.runtime import runner
+
+    flags = train[train.index("train") + 1 :]
+    for drop in ("--summary", "--metrics"):
+        i = flags.index(drop)
+        del flags[i : i + 2]
+    flags.remove("--no-progress")
+    out = stem.with_suffix(".sim.json")
+    cmd = [
+        sys.executable, "-m", "hybridagg.cli", "simulate", *flags,
+        "--profile", str(args.profile), "--ranks", str(ranks), "--json", str(out),
+    ]  # fmt: skip
+    env = runner.mpiexec_env()
+    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PIPELINED_BENCH_LAYERS"] = str(args.layers)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+    p = json.loads(out.read_text())
+    return {
+        "predicted_samples_per_sec": p["samples_per_sec"],
+        "predicted_batch_time_s": p["group_update_s"][0],
+        "predicted_bounds": p.get("pipeline_bounds"),
+    }
 
 
 def markdown(records: list[dict], layers: int) -> str:
     lines = []
     for setting in dict.fromkeys(r["setting"] for r in records):
         rows = {r["config"]: r for r in records if r["setting"] == setting}
+        predicted = all("predicted_samples_per_sec" in r for r in rows.values())
         lines += [
             f"**{setting}**",
             "",
-            "| config | group 0 batch time (ms) | samples/s | cut |",
-            "|---|---:|---:|---|",
-        ]
+            "| config | group 0 batch time (ms) | samples/s | cut |"
+            + (" simulated samples/s | simulated / measured | simulated cut |"
+               if predicted else ""),
+            "|---|---:|---:|---|" + ("---:|---:|---|" if predicted else ""),
+        ]  # fmt: skip
         for r in rows.values():
             cut = r["bounds"][0] if r["bounds"] else "-"
-            lines.append(
+            row = (
                 f"| {r['config']} | {1000 * r['batch_time_s']:.1f} | "
                 f"{r['samples_per_sec']:.0f} | {cut} |"
             )
+            if predicted:
+                sim = r["predicted_samples_per_sec"]
+                row += (
+                    f" {sim:.0f} | {sim / r['samples_per_sec']:.2f} | "
+                    f"{(r.get('predicted_bounds') or ['-'])[0]} |"
+                )
+            lines.append(row)
         if "auto" in rows and "even" in rows:
             cut = 1 - rows["auto"]["batch_time_s"] / rows["even"]["batch_time_s"]
             b = bounds_of(layers)
@@ -210,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--md", type=Path, default=None)
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a profile of the bench's model (hybridagg profile --model "
+        "pipelined_train:deep_mlp): each job is also simulated, and the table "
+        "shows the prediction beside the measurement",
+    )
     p.add_argument(
         "--from-json", type=Path, default=None, help="print a saved run again"
     )

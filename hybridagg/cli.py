@@ -672,6 +672,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "groups": job.groups if len(job.groups) <= 64 else len(job.groups),
         **prediction.as_dict(),
     }
+    cuts = {g: p["bounds"] for g, p in enumerate(job.pipelines) if p is not None}
+    if cuts:  # each pipelined group's cut, as a run's summary gives its bounds
+        result["pipeline_bounds"] = list(cuts.values())
+        result["pipeline_groups"] = list(cuts)
     rows = [
         (
             "cluster",
@@ -689,6 +693,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     shown = [t for t in prediction.group_update_s[:8] if t is not None]
     more = " ..." if len(prediction.group_update_s) > 8 else ""
     rows.append(("s per update/group", " ".join(f"{t:.4f}" for t in shown) + more))
+    if cuts:
+        rows.append(
+            ("pipeline cuts", " ".join(f"group {g}: {b}" for g, b in cuts.items()))
+        )
     rows.append(("simulation took", f"{prediction.wall_s:.2f} s"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
