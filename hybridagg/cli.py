@@ -816,6 +816,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         rows.insert(at, ("predicted time to target",
                          f"{p.predicted_time_to_target_s:.1f} s "
                          f"(convergence table {cfg.convergence})"))  # fmt: skip
+    if p.pipeline_groups:
+        at = [k for k, _ in rows].index("batches")
+        cuts = ", ".join(
+            f"group {g}: units {b}"
+            for g, b in zip(p.pipeline_groups, p.pipeline_bounds, strict=True)
+        )
+        rows.insert(at, ("pipelines", f"{cuts} ({p.micro_batches} micro-batches)"))
     if p.workers <= 64:
         rows.insert(4, ("groups", json.dumps(p.groups)))
     width = max(len(k) for k, _ in rows)

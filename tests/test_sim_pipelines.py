@@ -326,3 +326,42 @@ def test_hybridagg_train_runs_a_planned_pipelined_job(digits, tmp_path):
     assert s["mode"] == "hybrid" and s["steps"] >= 30
     # the run's own program cut the group where the plan predicted
     assert s["pipeline"]["bounds"][1] == plan.pipeline_bounds[0]
+
+
+def test_hybridagg_plan_prints_and_writes_a_pipelined_plan(tmp_path):
+    """From the command line: a model no device holds is planned on pipelines."""
+    import subprocess
+    import sys
+
+    big = replace(PROFILE, parameter_bytes=8e9)
+    profile = save_profile(big, tmp_path / "p.json")
+    cluster = tmp_path / "c.json"
+    cluster.write_text(
+        json.dumps(
+            {
+                "name": "small-devices",
+                "links": {
+                    "intra_node": {"bandwidth": "10GB/s", "latency": "2us"},
+                    "inter_node": {"bandwidth": "10GB/s", "latency": "10us"},
+                },
+                "node_types": [
+                    {"name": "g", "count": 4, "devices": 1, "memory": "12GiB"}
+                ],
+                "servers": {"node_types": ["g"], "per_node": 1},
+            }
+        )
+    )
+    base = [sys.executable, "-m", "hybridagg.cli", "plan", "--cluster", str(cluster)]
+    base += ["--profile", str(profile), "--confirm-workers", "0"]
+    done = subprocess.run(
+        [*base, "--out", str(tmp_path / "plan.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pipelines" in done.stdout and "--pipeline-groups" in done.stdout
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.pipeline_groups and plan.mode == "hybrid"
+    off = subprocess.run(
+        [*base, "--pipelines", "off"], capture_output=True, text=True, timeout=120
+    )
+    assert off.returncode == 2 and "no configuration fits" in off.stderr
