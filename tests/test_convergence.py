@@ -261,8 +261,8 @@ def test_plan_flags_are_exactly_the_published_ones():
     assert sorted(option_strings(PlanConfig, PLAN_CONCERNS)) == [
         "--batch-choices", "--batch-size", "--classes", "--cluster",
         "--confirm-workers", "--convergence", "--data", "--json", "--lr",
-        "--min-samples-per-sec", "--model", "--momentum", "--objective",
-        "--optimizer", "--out", "--profile", "--rounds", "--sample-ms",
+        "--micro-batches", "--min-samples-per-sec", "--model", "--momentum",
+        "--objective", "--optimizer", "--out", "--pipelines", "--profile", "--rounds", "--sample-ms",
         "--sample-shape", "--searcher", "--seed", "--sim-timeout", "--slowdown",
         "--warmup-updates", "--weight-decay", "--wire", "--workers", "-n",
     ]  # fmt: skip
