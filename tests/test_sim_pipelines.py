@@ -9,7 +9,6 @@ planned pipelined job.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import replace
 from types import SimpleNamespace
@@ -130,7 +129,7 @@ def test_equal_stages_take_the_closed_form_1f1b_time():
     assert [w["batch"] for w in job.workers] == [32, 0]
 
 
-def test_the_cut_follows_speed_and_memory():
+def test_the_cut_follows_the_ranks_speeds_as_the_run_sees_them():
     slow = build_job(
         options(groups="0-1", pipeline_groups="0", sample_ms=1.0, slowdown="1:4"),
         devices(2, bw=1e15, lat=0.0),
@@ -138,25 +137,34 @@ def test_the_cut_follows_speed_and_memory():
     )
     # 7:1 of equal units at 4x: 7/8 on the fast rank, 4/8 on the slow one
     assert slow.pipelines[0]["bounds"] == [0, 7, 8]
+    # a later phase of --slowdown does not re-pace a stage (a run's pace is
+    # fixed at the start), so the step is the same in every phase
+    phased = build_job(
+        options(
+            groups="0-1", pipeline_groups="0", sample_ms=1.0, slowdown="1:4@0;1:1@5"
+        ),
+        devices(2, bw=1e15, lat=0.0),
+        PROFILE,
+    )
+    assert phased.pipelines[0]["bounds"] == [0, 7, 8]
+    assert phased.frozen_at(10.0).pipeline_step_seconds(0) == pytest.approx(
+        slow.pipeline_step_seconds(0)
+    )
 
-    def widest(memory):
-        job = build_job(
-            options(groups="0-3", pipeline_groups="0", sample_ms=1.0, slowdown="3:4"),
-            devices(4, bw=1e15, lat=0.0, memory=memory),
-            PROFILE,
-        )
-        bounds = job.pipelines[0]["bounds"]
-        return max(b - a for a, b in itertools.pairwise(bounds))
 
-    # a unit needs its weights and gradient, 8,000 bytes: 17,000 hold two
-    assert widest(None) > 2
-    assert widest(17000) == 2
-    with pytest.raises(ValueError, match="memory"):
-        build_job(
-            options(groups="0-1", pipeline_groups="0", sample_ms=1.0),
-            devices(2, memory=17000),
-            PROFILE,
-        )
+def test_a_stage_must_fit_its_device():
+    # 8 units of 1,000 parameters: a stage of 4 needs 32,000 bytes (weights
+    # and gradient), a whole replica 64,000
+    def score(memory, pipelines):
+        model = CostModel(devices(4, memory=memory), PROFILE, batch_size=32)
+        c = Candidate("hybrid", (4,), "split:2", 1, "g", pipelines=pipelines)
+        return model.score(c), model.error(c)
+
+    assert score(40000, "groups")[0] is not None
+    plain, why = score(40000, "none")
+    assert plain is None and "out of memory" in why
+    tight, why = score(20000, "groups")
+    assert tight is None and "out of memory" in why
 
 
 @pytest.mark.parametrize(
@@ -173,14 +181,16 @@ def test_the_cut_follows_speed_and_memory():
         ),
         ({"groups": "0-1,2", "pipeline_groups": "1"}, "of one rank"),
         ({"groups": "0-1,2", "pipeline_groups": "x"}, "group indices"),
-        ({"groups": "0,1-2", "pipeline_groups": "0"}, "one rank"),
+        ({"groups": "0-1,2-3", "pipeline_groups": "0"}, "are not pipelines"),
         ({"groups": "0-1,2", "pipeline_groups": "0", "adaptive_batch": True}, "sync"),
         ({"groups": "0-1,2", "pipeline_groups": "0", "overlap": True}, "overlap"),
+        ({"groups": "0-1,2", "pipeline_groups": "0", "wire": "bf16"}, "fp32"),
+        ({"groups": "0-1,2", "pipeline_groups": "0", "accumulate": 2}, "accumulate"),
     ],
 )
 def test_what_a_simulated_pipeline_refuses(kw, match):
     with pytest.raises(ValueError, match=match):
-        build_job(options(**kw), devices(3), PROFILE)
+        build_job(options(**kw), devices(4 if "2-3" in kw["groups"] else 3), PROFILE)
 
 
 def test_a_profile_without_units_cannot_simulate_a_pipeline():
@@ -278,11 +288,30 @@ def test_a_pipelined_plan_file_round_trips_into_train_options(tmp_path):
         _train_config(
             ["train", "--data", "d.h5", "--plan", str(path), "--pipeline-groups", "0"]
         )
-    bad = json.loads(path.read_text())
-    bad["pipeline_groups"] = [0]  # a group of one rank
-    (tmp_path / "bad.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="pipeline_groups"):
-        load_plan(tmp_path / "bad.json")
+    good = json.loads(path.read_text())
+    for change, match in [
+        ({"pipeline_groups": [0]}, "exactly the groups of several ranks"),
+        ({"pipeline_groups": [1, 1]}, "repeats"),
+        ({"pipeline_groups": [True]}, "group indices"),
+        ({"adaptive_batch": True}, "adaptive_batch"),
+        ({"micro_batches": 0}, "micro_batches"),
+        ({"pipeline_bounds": [[0, 3, 2]]}, "pipeline_bounds"),
+        ({"pipeline_bounds": []}, "one cut per pipelined group"),
+        ({"mode": "sync", "servers": 0, "ranks": 3}, "hybrid mode only"),
+    ]:
+        (tmp_path / "bad.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ValueError, match=match):
+            load_plan(tmp_path / "bad.json")
+    # a plan without pipelines pins that too: --pipeline-groups conflicts
+    plain = Candidate("hybrid", (1,), "split:2", 1, "this-machine")
+    flat = make_plan(
+        model, plain, model.score(plain), objective="throughput",
+        min_samples_per_sec=None, searcher="exact",
+    ).save(tmp_path / "flat.json")  # fmt: skip
+    with pytest.raises(ValueError, match="--pipeline-groups"):
+        _train_config(
+            ["train", "--data", "d.h5", "--plan", str(flat), "--pipeline-groups", "1"]
+        )
 
 
 def _train_config(argv: list[str]) -> TrainConfig:

@@ -534,12 +534,17 @@ def _steady_training(job: SimJob) -> Estimate:
     # each leader's pushes leave its node by the node's link: the seconds
     # they hold it per update (0 when every server is on the leader's node)
     leader_node = [job.workers[g[0]]["node"] for g in job.groups]
+    # (a pipelined group's leader sends its own part only)
+    sent = [
+        job.grad_bytes if job.pipeline_of(i) is None else job.pipelines[i]["parts"][0]
+        for i in range(len(job.groups))
+    ]
     nic = [
-        job.grad_bytes
+        nbytes
         * sum(1 for s in job.servers if s["node"] != n)
         / len(job.servers)
         / up_link(job, n)[0]
-        for n in leader_node
+        for n, nbytes in zip(leader_node, sent, strict=True)
     ]
 
     def cycles_at(
@@ -637,11 +642,18 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
             continue
         copy = float(node["memcpy_Bps"])
         per_group = []
-        for g in job.groups:
+        for index, g in enumerate(job.groups):
             size = len(g)
             seconds = 0.0
+            spec = job.pipeline_of(index)
             for i, r in enumerate(g):
                 if job.workers[r]["node"] != n:
+                    continue
+                if spec is not None:  # a stage: its share; no ring, no broadcast
+                    if not job.sleep_compute:
+                        seconds += spec["shares"][i] * job.compute_seconds(
+                            r, job.workers[g[0]]["batch"]
+                        )
                     continue
                 if not job.sleep_compute:
                     seconds += job.compute_seconds(r, job.workers[r]["batch"])
@@ -649,12 +661,20 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                 if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
                     seconds += 2 * (size - 1) / size * job.grad_bytes / copy
                     seconds += job.grad_bytes / copy if i < size - 1 else 0.0
-            leader = job.workers[g[0]]["node"]
+            senders = (
+                [(job.workers[g[0]]["node"], job.grad_bytes)]
+                if spec is None
+                else [
+                    (job.workers[r]["node"], part)
+                    for r, part in zip(spec["ranks"], spec["parts"], strict=True)
+                ]
+            )
             for s, u in zip(job.servers, update, strict=True):
                 if s["node"] == n:
                     seconds += u
-                    if leader == n:  # push and reply of the shard, copied
-                        seconds += 2 * job.grad_bytes / k / _server_copy(job, n)[0]
+                    for node, nbytes in senders:
+                        if node == n:  # push and reply of the shard, copied
+                            seconds += 2 * nbytes / k / _server_copy(job, n)[0]
             per_group.append(seconds)
         work[n] = per_group
     return work

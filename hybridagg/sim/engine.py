@@ -412,10 +412,10 @@ class _Sim:
         group's batch through the schedule (its exact time, every stage busy
         until the batch is through), then every stage's part of the gradient
         to the servers at once (the first stage's with the step's header,
-        which the servers count as the update), and each stage's part of the
-        new weights back. The stages meet at the group's barrier after the
-        batch is claimed, after the parts arrive, after the leader's
-        exchange and after the replies."""
+        which the servers count as the update, and its reply), and each later
+        stage's part of the new weights back once the update is made. The
+        stages meet at the group's barrier after the batch is claimed, after
+        the pushes and the leader's exchange, and after the replies."""
         job, st = self.job, self.state
         spec = job.pipelines[group]
         ranks = job.groups[group]
@@ -443,15 +443,16 @@ class _Sim:
             mine = shared["samples_of"][0]
             if mine == 0:  # an update with no samples ends the group
                 return
-            seconds = job.pipeline_step_seconds(group, self.engine.clock)
+            seconds = job.pipeline_step_seconds(group)
             self.sg.this_actor.sleep_for(seconds * mine / batch)
-            if not leader:
-                self._scatter(host, part, to_servers=True)
-            barrier.wait()  # every stage's part is with the servers
+            # every stage pushes its part at once (the run's stage clients);
+            # the leader's push carries the header the servers count
             if leader:
                 self._leader_step(group, ranks, mine)
                 shared["stop"] = st.stopped
-            barrier.wait()
+            else:
+                self._scatter(host, part, to_servers=True)
+            barrier.wait()  # the update is made: each stage takes its part back
             if not leader:
                 self._scatter(host, part, to_servers=False)
             barrier.wait()  # every stage holds its new weights

@@ -18,6 +18,7 @@ in proportion to its summed speed).
 from __future__ import annotations
 
 import itertools
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -155,11 +156,11 @@ class SimJob:
         """``group``'s pipeline (``None``: its ranks each hold a whole replica)."""
         return self.pipelines[group] if self.pipelines else None
 
-    def pipeline_step_seconds(self, group: int, elapsed: float = 0.0) -> float:
-        """Seconds of one step of pipelined ``group`` at simulated time ``elapsed``."""
-        spec = self.pipelines[group]
-        per_sample = [self.compute_seconds(r, 1, elapsed) for r in spec["ranks"]]
-        return pipeline_step_seconds(spec, per_sample)
+    def pipeline_step_seconds(self, group: int) -> float:
+        """Seconds of one step of pipelined ``group`` (its stages paced as at
+        the start, as a run paces them: a later phase of ``--slowdown`` does
+        not re-pace a stage)."""
+        return pipeline_step_seconds(self.pipelines[group])
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON)."""
@@ -436,7 +437,7 @@ def build_job(
     if options.adaptive_batch:
         for rank, b in enumerate(_adaptive_batches(options, groups, speeds)):
             workers[rank]["batch"] = b
-    _pipelines(options, profile, job_args, cluster)
+    _pipelines(options, profile, job_args)
     if options.epochs is not None:
         if samples is None:
             raise ValueError(
@@ -452,11 +453,11 @@ def _pipelines(
     options: JobOptions,
     profile: Profile,
     job_args: dict[str, Any],
-    cluster: ClusterSpec,
 ) -> None:
     """Cut the groups ``--pipeline-groups`` names (:mod:`.pipelines`) into
-    ``job_args`` (within each device's memory where its node type gives
-    one); the leader of each carries the group's batch."""
+    ``job_args`` as the run cuts them; the leader of each carries the
+    group's batch. (Memory is the planner's check: the run's cut does not
+    weigh it, so neither does this one.)"""
     groups = job_args["groups"]
     named = pipeline_groups(getattr(options, "pipeline_groups", None), groups)
     if not named:
@@ -465,6 +466,11 @@ def _pipelines(
         raise ValueError(
             "hybridagg simulate models pipelined groups in hybrid mode; sync's "
             "sum of the stages' parts across groups is not modelled yet"
+        )
+    if options.wire != "fp32" or int(getattr(options, "accumulate", 1)) != 1:
+        raise ValueError(
+            "a pipelined job runs with --wire fp32 and --accumulate 1 (as hybridagg "
+            "train does)"
         )
     if options.overlap:
         raise ValueError(
@@ -487,9 +493,6 @@ def _pipelines(
         for u in profile.units
     ]
     wire = profile.gradient_bytes(options.wire) / profile.parameters
-    memory = {t.name: t.memory for t in cluster.node_types}
-    per_param = profile.parameter_bytes / profile.parameters
-    total_cost = sum(u.cost for u in profile.units)
     specs: list[Any] = [None] * len(groups)
     for g in named:
         ranks = groups[g]
@@ -498,27 +501,25 @@ def _pipelines(
         for a, b in itertools.pairwise(nodes):
             bw, lat, _copy = link_between(probe, a, b)
             links.append((lat, bw))
+        # as the run's cut: speeds from --slowdown at the start, the model's
+        # time per sample (the ranks' median, --sample-ms when paced) as the
+        # unit that compute and links share
+        factors = [probe.factor(r, 0.0) for r in ranks]
+        seconds = [probe.compute_seconds(r, 1) for r in ranks]
         specs[g] = pipeline_spec(
             ranks=ranks,
             units=units,
-            seconds=[probe.compute_seconds(r, 1) for r in ranks],
+            seconds=seconds,
+            speeds=[1.0 / f for f in factors],
+            model_seconds=statistics.median(
+                s / f for s, f in zip(seconds, factors, strict=True)
+            ),
             links=links,
             batch=options.batch_size,
             micro_batches=int(getattr(options, "micro_batches", 4)),
             schedule=str(getattr(options, "pipeline_schedule", "1f1b")),
             partition=str(getattr(options, "pipeline_partition", "auto")),
             wire_bytes=wire,
-            # a unit's weights and gradient, and its activations of every
-            # micro-batch the group may hold in flight (at most the batch)
-            unit_bytes=[
-                2 * u.parameters * per_param
-                + profile.activation_bytes_per_sample
-                * u.cost
-                / total_cost
-                * options.batch_size
-                for u in profile.units
-            ],
-            memory=[memory[probe.nodes[n]["type"]] for n in nodes],
         )
         for r in ranks[1:]:
             job_args["workers"][r]["batch"] = 0

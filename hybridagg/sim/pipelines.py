@@ -88,14 +88,14 @@ def pipeline_spec(
     ranks: list[int],
     units: list[dict[str, float]],
     seconds: list[float],
+    speeds: list[float],
+    model_seconds: float,
     links: list[tuple[float, float]],
     batch: int,
     micro_batches: int,
     schedule: str,
     partition: str,
     wire_bytes: float,
-    unit_bytes: list[float] | None = None,
-    memory: list[float | None] | None = None,
 ) -> dict[str, Any]:
     """One pipelined group's cut and what its step needs (plain values).
 
@@ -103,19 +103,21 @@ def pipeline_spec(
         ranks: The group's ranks, stage order.
         units: The profile's units (``cost``, ``parameters``, ``output_bytes``).
         seconds: Each rank's seconds per sample of the whole model at the
-            run's start (its speed and slowdown in it).
+            run's start (its speed and slowdown in it): what paces its stage.
+        speeds: Each rank's speed as the run's cut sees it (``1 /`` its
+            ``--slowdown`` factor at the start).
+        model_seconds: The whole model's seconds per sample the run's cut
+            weighs links against (``--sample-ms``, or the ranks' measured
+            median).
         links: ``(latency_s, bandwidth_Bps)`` between neighbouring stages.
         batch: Samples per group step (``--batch-size``).
         micro_batches: ``--micro-batches``.
         schedule: ``--pipeline-schedule``.
         partition: ``--pipeline-partition`` (``auto`` or ``even``).
         wire_bytes: Bytes per parameter on the wire.
-        unit_bytes: Bytes each unit needs on the rank that holds it.
-        memory: Bytes of each rank's device (``None``: no limit); with
-            ``unit_bytes``, the ``auto`` cut keeps every stage within it.
 
     Raises:
-        ValueError: More stages than units, or no cut fits the memory.
+        ValueError: More stages than units.
     """
     stages = len(ranks)
     if stages > len(units):
@@ -123,27 +125,25 @@ def pipeline_spec(
             f"a pipelined group of {stages} ranks needs {stages} pipeline units; "
             f"the profile's model has {len(units)}"
         )
-    total = sum(u["cost"] for u in units)
-    shares = [u["cost"] / total for u in units]
+    raw = [u["cost"] for u in units]
+    total = sum(raw)
+    shares = [c / total for c in raw]
     sizes = [u["output_bytes"] for u in units[:-1]]
     if partition == "even":
-        bounds = even_partition(shares, stages)
+        bounds = even_partition(raw, stages)  # (the run's raw costs: its ties)
     else:
-        base = min(seconds)
-        costs = [s * base for s in shares]
-        speeds = [base / s for s in seconds]
+        scale = model_seconds / total  # (the run's scale, in its order)
+        costs = [c * scale for c in raw]
         hops = [Link(latency_s=lat, bandwidth_Bps=bw) for lat, bw in links]
         micro = max(1, -(-batch // micro_batches))
-        fits = {}
-        if unit_bytes is not None and memory is not None and any(memory):
-            fits = {"layer_bytes": unit_bytes, "memory": memory}
-        bounds = best_partition(costs, speeds, sizes, hops, micro, **fits).bounds
+        bounds = best_partition(costs, speeds, sizes, hops, micro).bounds
     cut = list(bounds)
     params = [
         sum(u["parameters"] for u in units[a:b]) for a, b in itertools.pairwise(cut)
     ]
     return {
         "ranks": list(ranks),
+        "seconds": list(seconds),
         "bounds": cut,
         "shares": [sum(shares[a:b]) for a, b in itertools.pairwise(cut)],
         "boundary_bytes": [units[b - 1]["output_bytes"] for b in cut[1:-1]],
@@ -155,14 +155,16 @@ def pipeline_spec(
     }
 
 
-def pipeline_step_seconds(spec: dict[str, Any], seconds: list[float]) -> float:
-    """Seconds of one step of a pipelined group (see the module).
+def pipeline_step_seconds(spec: dict[str, Any]) -> float:
+    """Seconds of one step of a pipelined group (see the module): each stage
+    paced by its rank's time per sample at the start, as a run paces it.
 
     Args:
         spec: The group's :func:`pipeline_spec`.
-        seconds: Each stage's rank's seconds per sample of the whole model now.
     """
-    compute = [share * s for share, s in zip(spec["shares"], seconds, strict=True)]
+    compute = [
+        share * s for share, s in zip(spec["shares"], spec["seconds"], strict=True)
+    ]
     # (the forward's share of a stage's time: the run's pacing rule)
     forward = [FORWARD_SHARE * c for c in compute]
     backward = [c - f for c, f in zip(compute, forward, strict=True)]

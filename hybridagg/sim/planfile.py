@@ -35,6 +35,7 @@ holds the cluster file to that digest and simulates the plan's nodes of it
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field
@@ -193,9 +194,15 @@ class Plan:
         }
         if self.optimizer is not None:
             out["optimizer"] = self.optimizer
+        # a plan pins whether groups are pipelines, and how (what its
+        # prediction assumed: the schedule and partition the cost model used)
+        out["pipeline_groups"] = (
+            ",".join(map(str, self.pipeline_groups)) if self.pipeline_groups else None
+        )
         if self.pipeline_groups:
-            out["pipeline_groups"] = ",".join(map(str, self.pipeline_groups))
             out["micro_batches"] = self.micro_batches
+            out["pipeline_schedule"] = "1f1b"
+            out["pipeline_partition"] = "auto"
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -386,15 +393,7 @@ def _check(plan: Plan, path: Path) -> None:
         )
     if plan.ranks != plan.workers + plan.servers:
         raise ValueError(f"{where}: ranks must be workers + servers")
-    if not isinstance(plan.pipeline_groups, list) or not all(
-        isinstance(g, int) and 0 <= g < len(groups) and len(groups[g]) > 1
-        for g in plan.pipeline_groups
-    ):
-        raise ValueError(
-            f"{where}: pipeline_groups must be indices of groups of several ranks"
-        )
-    if plan.pipeline_groups and plan.mode != "hybrid":
-        raise ValueError(f"{where}: pipeline_groups are planned in hybrid mode only")
+    _check_pipelines(plan, where)
     later_stages = {r for g in plan.pipeline_groups for r in groups[g][1:]}
     if len(plan.batch_sizes) != plan.workers or any(
         not isinstance(b, int) or b < (0 if r in later_stages else 1)
@@ -413,3 +412,45 @@ def _check(plan: Plan, path: Path) -> None:
     for name in ("wire", "cluster_digest", "profile_digest"):
         if not isinstance(getattr(plan, name), str):
             raise ValueError(f"{where}: {name} must be a string")
+
+
+def _check_pipelines(plan: Plan, where: str) -> None:
+    """The pipelined groups of a plan, as ``hybridagg train`` would take them."""
+    named, groups = plan.pipeline_groups, plan.groups
+    if not isinstance(named, list) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(groups)
+        for g in named
+    ):
+        raise ValueError(f"{where}: pipeline_groups must be a list of group indices")
+    if len(set(named)) != len(named):
+        raise ValueError(f"{where}: pipeline_groups repeats a group")
+    if not named:
+        return
+    if plan.mode != "hybrid":
+        raise ValueError(f"{where}: pipeline_groups are planned in hybrid mode only")
+    if plan.adaptive_batch:
+        raise ValueError(f"{where}: pipeline_groups do not go with adaptive_batch")
+    wrong = [g for g in range(len(groups)) if (g in named) != (len(groups[g]) > 1)]
+    if wrong:
+        raise ValueError(
+            f"{where}: pipeline_groups must name exactly the groups of several "
+            f"ranks (groups {wrong} disagree)"
+        )
+    m = plan.micro_batches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"{where}: micro_batches must be an integer >= 1")
+    bounds = plan.pipeline_bounds
+    if not isinstance(bounds, list) or len(bounds) != len(named):
+        raise ValueError(f"{where}: pipeline_bounds needs one cut per pipelined group")
+    for g, cut in zip(named, bounds, strict=True):
+        if (
+            not isinstance(cut, list)
+            or len(cut) != len(groups[g]) + 1
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in cut)
+            or cut[0] != 0
+            or any(a >= b for a, b in itertools.pairwise(cut))
+        ):
+            raise ValueError(
+                f"{where}: pipeline_bounds of group {g} must be increasing unit "
+                f"bounds from 0, one more than its {len(groups[g])} ranks"
+            )

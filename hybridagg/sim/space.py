@@ -397,8 +397,9 @@ class CostModel:
 
     def can_pipeline(self, modes: tuple[str, ...] = MODES) -> bool:
         """Whether pipelined candidates belong in the space: hybrid is among
-        ``modes`` and the profile records pipeline units."""
-        return "hybrid" in modes and bool(self.profile.units)
+        ``modes``, the profile records pipeline units, and the wire is fp32
+        (a pipelined run's only one)."""
+        return "hybrid" in modes and bool(self.profile.units) and self.wire == "fp32"
 
     # ------------------------------------------------------------ cluster
     def cluster_for(self, c: Candidate) -> ClusterSpec:

@@ -461,7 +461,7 @@ def pipeline_unit_costs(
 
     try:
         plan = plan_units(model, tuple(sample_shape))
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # (not Sequential, no pipeline_layers)
         return (), f"no pipeline units: {exc}"
     sizes = [*plan.sizes, 0.0]
     return (
