@@ -329,13 +329,7 @@ class _Sim:
                 shared["computed_on"] = shared["weights"]
             mine = batch
             if pool:
-                # the loader claims ahead of the step it computes (its
-                # read-ahead): what is claimed is this worker's to compute
-                while len(held) < 1 + job.claim_ahead and st.unclaimed > 0:
-                    take = min(batch, st.unclaimed)
-                    st.unclaimed -= take
-                    held.append(take)
-                mine = held.pop(0) if held else 0
+                mine = self._claim(held, batch)
                 shared["samples_of"][position] = mine  # summed after the barrier
             factor = job.factor(rank, self.engine.clock)
             if job.sleep_compute:
@@ -431,13 +425,8 @@ class _Sim:
         while True:
             if leader:
                 shared["computed_on"] = shared["weights"]
-                mine = batch
-                if pool:  # the first stage's loader claims, as a worker's does
-                    while len(held) < 1 + job.claim_ahead and st.unclaimed > 0:
-                        take = min(batch, st.unclaimed)
-                        st.unclaimed -= take
-                        held.append(take)
-                    mine = held.pop(0) if held else 0
+                # the first stage's loader claims, as a worker's does
+                mine = self._claim(held, batch) if pool else batch
                 shared["samples_of"][0] = mine
             barrier.wait()
             mine = shared["samples_of"][0]
@@ -462,6 +451,17 @@ class _Sim:
                 return
             if rank == 0:
                 self._validate(host)
+
+    def _claim(self, held: list[int], batch: int) -> int:
+        """The samples of the next step under dynamic shares: the loader
+        claims ahead of the step it computes (its read-ahead, ``held``), and
+        what is claimed is this worker's to compute (0: the pool is empty)."""
+        st = self.state
+        while len(held) < 1 + self.job.claim_ahead and st.unclaimed > 0:
+            take = min(batch, st.unclaimed)
+            st.unclaimed -= take
+            held.append(take)
+        return held.pop(0) if held else 0
 
     def _scatter(self, host, nbytes: float, *, to_servers: bool) -> None:
         """``nbytes`` between ``host`` and every server at once (flows; a

@@ -37,47 +37,33 @@ from ..pipeline import (
     even_partition,
     micro_sizes,
 )
+from ..pipeline.groups import layout_conflicts, parse_pipeline_groups
 
 __all__ = ["pipeline_groups", "pipeline_spec", "pipeline_step_seconds"]
 
 
 def pipeline_groups(spec: str | None, groups: list[list[int]]) -> tuple[int, ...]:
     """The groups ``--pipeline-groups`` names (``all``, or indices like ``0,2``),
-    checked as a run checks them: each named group has two ranks or more and
-    every other group is one rank.
+    checked as a run checks them (:mod:`hybridagg.pipeline.groups`): each
+    named group has two ranks or more and every other group is one rank.
 
     Raises:
-        ValueError: A malformed spec, an index that is not a group, a named
-            group of one rank, or an unnamed group of several.
+        ValueError: A malformed spec, an index that is not a group, a
+            repeated one, a named group of one rank, or an unnamed group of
+            several.
     """
-    if spec is None:
+    named = parse_pipeline_groups(spec, len(groups))
+    if not named:
         return ()
-    text = str(spec).strip()
-    if text == "all":
-        named = tuple(range(len(groups)))
-    else:
-        try:
-            named = tuple(sorted({int(part) for part in text.split(",")}))
-        except ValueError:
-            raise ValueError(
-                f"--pipeline-groups takes 'all' or group indices like 0,2; got {spec!r}"
-            ) from None
-    bad = [g for g in named if not 0 <= g < len(groups)]
-    if bad:
-        raise ValueError(
-            f"--pipeline-groups names group(s) {bad}; the job has groups "
-            f"0-{len(groups) - 1}"
-        )
-    lone = [g for g in named if len(groups[g]) < 2]
+    lone, wide = layout_conflicts(groups, named)
     if lone:
         raise ValueError(
             f"--pipeline-groups names group(s) {lone} of one rank: a pipeline "
             "needs two ranks or more"
         )
-    whole = [g for g in range(len(groups)) if g not in named and len(groups[g]) > 1]
-    if whole:
+    if wide:
         raise ValueError(
-            f"group(s) {whole} have several ranks but are not pipelines: with "
+            f"group(s) {wide} have several ranks but are not pipelines: with "
             "--pipeline-groups every other group is one rank holding a whole replica"
         )
     return named

@@ -416,6 +416,8 @@ def _check(plan: Plan, path: Path) -> None:
 
 def _check_pipelines(plan: Plan, where: str) -> None:
     """The pipelined groups of a plan, as ``hybridagg train`` would take them."""
+    from ..pipeline.groups import layout_conflicts  # (reading a plan stays light)
+
     named, groups = plan.pipeline_groups, plan.groups
     if not isinstance(named, list) or not all(
         isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(groups)
@@ -430,7 +432,8 @@ def _check_pipelines(plan: Plan, where: str) -> None:
         raise ValueError(f"{where}: pipeline_groups are planned in hybrid mode only")
     if plan.adaptive_batch:
         raise ValueError(f"{where}: pipeline_groups do not go with adaptive_batch")
-    wrong = [g for g in range(len(groups)) if (g in named) != (len(groups[g]) > 1)]
+    lone, wide = layout_conflicts(groups, named)
+    wrong = sorted(lone + wide)
     if wrong:
         raise ValueError(
             f"{where}: pipeline_groups must name exactly the groups of several "

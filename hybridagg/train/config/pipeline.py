@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...pipeline.groups import parse_pipeline_groups
+from ...pipeline.schedule import SCHEDULES
 from .aggregation import HOW
 from .fields import Concern, option
 
@@ -17,9 +19,9 @@ __all__ = [
     "parse_pipeline_groups",
 ]
 
-# hybridagg.pipeline.SCHEDULES, which imports torch (tests/test_train_pipeline.py
-# checks that the two agree)
-SCHEDULE_NAMES = ("1f1b", "gpipe")
+# the schedules the stage executor runs (hybridagg.pipeline imports its torch
+# executors lazily, so reading them here costs nothing)
+SCHEDULE_NAMES = SCHEDULES
 PARTITIONS = ("auto", "even")
 PIPELINE_INITS = ("seed", "meta")
 
@@ -34,40 +36,6 @@ PIPELINE_INCOMPATIBLE: dict[str, str] = {
     "save_model": "--save-model (no rank holds the whole model)",
     "tensorboard": "TensorBoard",
 }
-
-
-def parse_pipeline_groups(spec: str | None, num_groups: int) -> tuple[int, ...]:
-    """The groups ``--pipeline-groups`` names, ascending.
-
-    Args:
-        spec: ``all``, or group indices separated by commas (``0,2``);
-            ``None``: none.
-        num_groups: The job's groups.
-
-    Raises:
-        ValueError: An index that is not a group of the job, a repeated one,
-            or a malformed spec.
-    """
-    if spec is None:
-        return ()
-    text = spec.strip()
-    if text == "all":
-        return tuple(range(num_groups))
-    try:
-        picked = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--pipeline-groups takes 'all' or group indices like 0,2; got {spec!r}"
-        ) from None
-    if len(set(picked)) != len(picked):
-        raise ValueError(f"--pipeline-groups repeats a group: {spec!r}")
-    bad = [g for g in picked if not 0 <= g < num_groups]
-    if bad:
-        raise ValueError(
-            f"--pipeline-groups names group(s) {bad}; the job has groups "
-            f"0-{num_groups - 1}"
-        )
-    return tuple(sorted(picked))
 
 
 @dataclass(frozen=True, kw_only=True)

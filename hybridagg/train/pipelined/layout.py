@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from ...pipeline.groups import layout_conflicts
+
 __all__ = ["PipelineLayout", "flat_owners", "ps_order"]
 
 
@@ -39,17 +41,12 @@ class PipelineLayout:
     pipelined: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        lone = [g for g in self.pipelined if len(self.groups[g]) < 2]
+        lone, wide = layout_conflicts(self.groups, self.pipelined)
         if lone:
             raise ValueError(
                 f"--pipeline-groups names group(s) {lone} of one rank: a "
                 "pipeline needs at least two ranks"
             )
-        wide = [
-            g
-            for g, ranks in enumerate(self.groups)
-            if g not in self.pipelined and len(ranks) > 1
-        ]
         if wide:
             raise ValueError(
                 f"group(s) {wide} have several ranks but are not in "
