@@ -165,9 +165,9 @@ def group_step_seconds(job: SimJob, group: list[int]) -> float:
     """Seconds of one step of ``group`` (one ring all-reduce in the group:
     sync with one group, hybrid, async): compute, each bucket's ring
     all-reduce one after another as backward fills them (see the module)."""
-    g = job.groups.index(group)
-    if job.pipeline_of(g) is not None:  # the schedule's exact time (.pipelines)
-        return job.pipeline_step_seconds(g)
+    spec = _pipeline(job, group)
+    if spec is not None:  # the schedule's exact time (.pipelines)
+        return job.pipeline_step_seconds(job.groups.index(group))
     counts = _node_counts(job)
     n = len(group)
     if n == 1:
@@ -277,7 +277,7 @@ def hierarchical_step_seconds(job: SimJob) -> float:
 def _broadcast_seconds(job: SimJob, group: list[int]) -> float:
     """The new weights down the group's chain (one flow per link, pipelined)."""
     n = len(group)
-    if n < 2 or job.pipeline_of(job.groups.index(group)) is not None:
+    if n < 2 or _pipeline(job, group) is not None:
         return 0.0  # (a pipeline's stages each take back their own part)
     worst, max_latency = 0.0, 0.0
     for i in range(n - 1):
@@ -331,18 +331,29 @@ def _exchange_seconds(
     for the updates before it, M/D/1's mean), ``busy`` being the share of
     time the link or the server is in use.
     """
-    spec = job.pipeline_of(job.groups.index(group))
-    if spec is None:
-        senders = [(job.workers[group[0]]["node"], job.grad_bytes)]
-    else:
-        senders = [
-            (job.workers[r]["node"], part)
-            for r, part in zip(spec["ranks"], spec["parts"], strict=True)
-        ]
     return max(
         _push_seconds(job, node, nbytes, update, link, link_busy, cpu_busy, nic_busy)
-        for node, nbytes in senders
+        for node, nbytes in _senders(job, group)
     )
+
+
+def _pipeline(job: SimJob, group: list[int]) -> dict | None:
+    """``group``'s pipeline, if any (no search of the groups in a job
+    without pipelines: these rules run per group in the fixed points)."""
+    return job.pipeline_of(job.groups.index(group)) if job.pipelines else None
+
+
+def _senders(job: SimJob, group: list[int]) -> list[tuple[int, float]]:
+    """(node, bytes) of each rank of ``group`` that pushes to the servers:
+    the leader with the whole gradient, or every stage of a pipeline with
+    its part."""
+    spec = _pipeline(job, group)
+    if spec is None:
+        return [(job.workers[group[0]]["node"], job.grad_bytes)]
+    return [
+        (job.workers[r]["node"], part)
+        for r, part in zip(spec["ranks"], spec["parts"], strict=True)
+    ]
 
 
 def _push_seconds(
@@ -535,10 +546,7 @@ def _steady_training(job: SimJob) -> Estimate:
     # they hold it per update (0 when every server is on the leader's node)
     leader_node = [job.workers[g[0]]["node"] for g in job.groups]
     # (a pipelined group's leader sends its own part only)
-    sent = [
-        job.grad_bytes if job.pipeline_of(i) is None else job.pipelines[i]["parts"][0]
-        for i in range(len(job.groups))
-    ]
+    sent = [_senders(job, g)[0][1] for g in job.groups]
     nic = [
         nbytes
         * sum(1 for s in job.servers if s["node"] != n)
@@ -661,14 +669,7 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                 if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
                     seconds += 2 * (size - 1) / size * job.grad_bytes / copy
                     seconds += job.grad_bytes / copy if i < size - 1 else 0.0
-            senders = (
-                [(job.workers[g[0]]["node"], job.grad_bytes)]
-                if spec is None
-                else [
-                    (job.workers[r]["node"], part)
-                    for r, part in zip(spec["ranks"], spec["parts"], strict=True)
-                ]
-            )
+            senders = _senders(job, g)
             for s, u in zip(job.servers, update, strict=True):
                 if s["node"] == n:
                     seconds += u
