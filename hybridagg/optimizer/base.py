@@ -643,8 +643,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Hybrid/async, on a group leader: the servers' current flat weights."""
         return self._servers_only("pull_weights")
 
-    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Hybrid/async, on a group leader: the servers' flat weights and buffers."""
+    def pull_state(
+        self, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hybrid/async, on a group leader: the servers' flat weights and
+        buffers (the weights copied into ``out`` when given, a flat tensor
+        of the model's size kept by a caller that pulls again and again)."""
         return self._servers_only("pull_state")
 
     def __repr__(self) -> str:

@@ -182,8 +182,10 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
     def pull_weights(self) -> torch.Tensor:
         return self._exchange.pull()
 
-    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._exchange.pull_state()
+    def pull_state(
+        self, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._exchange.pull_state(out)
 
 
 def _check_positive(name: str, value, *, low: int) -> None:

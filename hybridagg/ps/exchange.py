@@ -138,6 +138,7 @@ class GroupExchange:
                 wire=options.wire,
             )
         self.pending: RoundTrip | None = None
+        self._stash: torch.Tensor | None = None  # (pull: the model's weights meanwhile)
         self.unsent = False  # the leader's model holds weights its group lacks
         self.model_versions = [0] * (self.client.num_servers if self.client else 0)
         self.should_stop = False
@@ -387,32 +388,53 @@ class GroupExchange:
             self.version = got.version
             self.checkpoint_requested = self.checkpoint_done = got.checkpoint
 
-    def pull_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pull_state(
+        self, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """On a leader: the servers' weights and buffers, flat (copies).
 
-        Does not change the model.
+        Does not change the model. ``out``: see :meth:`pull`.
         """
-        weights = self.pull()
+        weights = self.pull(out)
         buffers = self.client.flat_buffers
         return weights, None if buffers is None else buffers.clone()
 
-    def pull(self) -> torch.Tensor:
+    def pull(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """On a leader: the servers' current weights as one flat tensor (a copy).
 
         Does not change the model. In overlap mode a pending exchange is
         completed (and applied) first.
 
+        Args:
+            out: A flat tensor of the model's size to copy them into and
+                return (a caller that pulls again and again, as validation
+                does, keeps one: fresh memory costs page faults on every
+                pull); ``None``: a new tensor.
+
         Raises:
-            ValueError: This rank is not a group leader.
+            ValueError: This rank is not a group leader, or ``out`` is not
+                a tensor of the model's size.
         """
         if not self.is_leader:
             raise ValueError("only a group leader can pull from the parameter servers")
+        flat = self.client.flat_weights
+        if out is not None and (
+            not isinstance(out, torch.Tensor) or out.shape != flat.shape
+        ):
+            raise ValueError(
+                f"pull(out=...) needs a flat tensor of {flat.numel()} elements, "
+                f"got {getattr(out, 'shape', type(out).__name__)}"
+            )
         if self.pending is not None:
             self._finish_pending()
-        saved = self.client.flat_weights.clone()
+        # the model's weights are kept aside while the pull lands where the
+        # replies always do; the stash is made once and reused
+        if self._stash is None:
+            self._stash = torch.empty_like(flat)
+        self._stash.copy_(flat)
         self.client.complete(self.client.pull())
-        fresh = self.client.flat_weights.clone()
-        self.client.flat_weights.copy_(saved)
+        fresh = flat.clone() if out is None else out.copy_(flat)
+        flat.copy_(self._stash)
         return fresh
 
     def finish(self, timeout: float | None = None, final: bool = True) -> int | None:

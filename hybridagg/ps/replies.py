@@ -119,6 +119,23 @@ class ReplySender:
         """
         self.in_flight[g] = []
 
+    def prepare(self) -> None:
+        """Make every group's reply copy now, its pages touched (see
+        :meth:`RequestHandler.prepare <hybridagg.ps.handler.RequestHandler.prepare>`).
+        A lone group replies from the shard itself unless the lookahead
+        predicts its weights."""
+        if self.num_groups > 1 or self.lookahead.enabled:
+            for g in range(self.num_groups):
+                self._copy(g)[0].zero_()
+
+    def _copy(self, g: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``g``'s copy of the weights and buffers to reply from (made at first use)."""
+        if self.copies[g] is None:
+            store = self.store
+            bufs = None if store.buffers is None else store.buffers.clone()
+            self.copies[g] = (alloc(store.flat.numel(), store.flat.dtype), bufs)
+        return self.copies[g]
+
     def _complete(self, g: int, what: str) -> None:
         try:
             self.ps.wait(self.in_flight[g], what)
@@ -147,10 +164,7 @@ class ReplySender:
         predict = part is not None and self.lookahead.predicts(g)
         if self.num_groups == 1 and not predict:
             return src
-        if self.copies[g] is None:
-            bufs = None if store.buffers is None else store.buffers.clone()
-            self.copies[g] = (alloc(store.flat.numel(), store.flat.dtype), bufs)
-        weights, bufs = self.copies[g]
+        weights, bufs = self._copy(g)
         out = bufs if a is None else weights[a:b]
         out.copy_(src)
         if predict:

@@ -249,6 +249,9 @@ class _Server:
             on_drop=on_drop,
             fault=fault,
         )
+        # every group's buffers before the first push (see prepare)
+        self.replies.prepare()
+        self.handler.prepare()
         self.busy_seconds = 0.0
 
     def run(

@@ -69,6 +69,7 @@ class Validation:
         self.curve: list[tuple[float, float]] = []
         """(training seconds, accuracy) of every validation of this run (rank 0)."""
         self._last_bucket = opt.server_version // cfg.eval_every
+        self._pulled: torch.Tensor | None = None  # the weights a validation pulls
 
     def maybe_run(self, final: bool = False) -> None:
         """Validate if an ``--eval-every`` boundary was crossed, or at the end."""
@@ -86,7 +87,8 @@ class Validation:
             if self.sync or final:
                 model = self.model
             else:
-                weights, buffers = opt.pull_state()
+                weights, buffers = opt.pull_state(self._pulled)
+                self._pulled = weights  # (reused: fresh memory costs page faults)
                 model = self.evaluator.scratch(self.model)
                 load_flat(model, weights, buffers)
             accuracy, loss = self.evaluator.evaluate(model)
