@@ -17,6 +17,15 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   own test checks. On a node of shared cores, compute that executes and
   the hops (memory copies, after the node's latency) share the cores: both
   stretch by ranks per core.
+* **paced compute** (``--sample-ms``): the pacer's time, or the model's
+  own compute (stretched on shared cores) where that is longer, then the
+  share the pacer cannot hide (the first layer's backward, after the
+  step's last sleep); the buckets filled at backward's end wait for it.
+* **a worker's own work** (:func:`own_work_seconds`): sync, each worker's
+  update of the model after the reduction; with servers, a leader's copies
+  of the model (the gradient flattened, the reply's weights copied in, and
+  in a group of several flattened again for the broadcast) and a member's
+  copy of them into its model, added to the group's step.
 * **hierarchical sync** (:func:`hierarchical_step_seconds`, sync with
   several groups): per bucket a chain reduce to each leader, the leaders'
   ring, a chain broadcast, stage after stage and bucket after bucket (the
@@ -39,7 +48,9 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   see :func:`_convoy`.
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
-  (M/D/1's mean wait), the load found by a fixed point. On a node of
+  (M/D/1's mean wait), the load found by a fixed point; a server on the
+  node of a leader's shared cores copies its push in and its reply out
+  itself, part of its service. On a node of
   shared cores, the groups' core-seconds there per second (compute that
   executes, copies, server updates) may not exceed its cores: every group
   waits what keeps them within.
@@ -77,6 +88,7 @@ __all__ = [
     "group_step_seconds",
     "hierarchical_step_seconds",
     "link_between",
+    "own_work_seconds",
     "validation_seconds",
 ]
 
@@ -152,13 +164,55 @@ def _compute_and_ready(
     job: SimJob, rank: int, counts: dict[int, int]
 ) -> tuple[float, list[float]]:
     """A rank's step compute (stretched on shared cores) and when backward
-    fills each bucket (during the last of ``--accumulate``'s passes)."""
-    compute = job.compute_seconds(rank, job.workers[rank]["batch"])
-    if not job.sleep_compute:
-        compute *= _share(job, job.workers[rank]["node"], counts)
+    fills each bucket (during the last of ``--accumulate``'s passes).
+
+    Paced (``sleep_compute``): the pacer's time, or the model's own compute
+    if that is longer, then the part the pacer cannot hide, which the
+    buckets filled at backward's very end wait for (as the engine's)."""
+    w = job.workers[rank]
+    stretch = _share(job, w["node"], counts)
+    compute = job.compute_seconds(rank, w["batch"])
+    tail = hidden = 0.0
+    if job.sleep_compute:
+        executed = _on_host(job, rank, job.executed_amount(rank, w["batch"])) * stretch
+        tail = executed * w.get("paced_tail", 0.0)
+        hidden = executed - tail
+    else:
+        compute *= stretch
     backward = compute / max(1, job.accumulate) * (1 - job.forward_share)
     start = compute - backward
-    return compute, [start + backward * ready for ready, _ in job.buckets]
+    ready = [
+        max(hidden, start + backward * r) + (tail if r >= 1.0 else 0.0)
+        for r, _ in job.buckets
+    ]
+    return max(compute, hidden) + tail, ready
+
+
+def _on_host(job: SimJob, rank: int, amount: float) -> float:
+    """Seconds of ``amount`` (seconds at speed 1) on ``rank``'s host, uncontended."""
+    return amount / float(job.nodes[job.workers[rank]["node"]]["speed"])
+
+
+def own_work_seconds(job: SimJob, group: list[int]) -> float:
+    """A group's own work per update besides compute and communication
+    (stretched on shared cores): sync, every worker's update of the model;
+    with servers, the leader's copies (the gradient flattened, the reply's
+    weights copied in and, in a group of several, flattened again for the
+    broadcast) and then a member's copy of them into its model."""
+    counts = _node_counts(job)
+
+    def seconds(rank: int, key: str) -> float:
+        stretch = _share(job, job.workers[rank]["node"], counts)
+        return _on_host(job, rank, job.workers[rank].get(key, 0.0)) * stretch
+
+    if job.mode == "sync" or not job.servers:
+        return max(seconds(r, "update_s") for r in group)
+    if _pipeline(job, group) is not None:
+        return 0.0  # (a pipeline's stages: not modelled)
+    leader = seconds(group[0], "copy_s")
+    if len(group) == 1:
+        return 2 * leader
+    return 3 * leader + max(seconds(r, "copy_s") for r in group[1:])
 
 
 def group_step_seconds(job: SimJob, group: list[int]) -> float:
@@ -472,11 +526,16 @@ def _updates_per_sec(job: SimJob, phase: Estimate) -> float:
 
 def validation_seconds(job: SimJob) -> float:
     """One of rank 0's validations: the pull of the weights (with servers,
-    each server's part after another) and the evaluation itself."""
-    seconds = job.validation_s
+    each server's part after another, then rank 0's two copies of the
+    model: out of the reply, into the evaluated model) and the evaluation
+    itself (stretched on shared cores); the pull's wait in the servers'
+    queue is :func:`_with_validation`'s."""
+    mine = job.workers[0]["node"]
+    stretch = _share(job, mine, _node_counts(job))
+    seconds = job.validation_s * stretch
     if job.validation_pull and job.servers:
+        seconds += 2 * _on_host(job, 0, job.workers[0].get("copy_s", 0.0)) * stretch
         part = job.master_bytes / len(job.servers)
-        mine = job.workers[0]["node"]
         for server in job.servers:
             if server["node"] == mine and job.nodes[mine]["shared"]:
                 bw, lat = _server_copy(job, mine)
@@ -491,7 +550,10 @@ def _with_validation(job: SimJob, trained: Estimate) -> Estimate:
     validations every ``eval_every`` updates (see the module)."""
     if not job.eval_every or job.validation_s <= 0:
         return trained
-    each = validation_seconds(job) / job.eval_every  # per update
+    each = validation_seconds(job)
+    if job.validation_pull and job.servers:
+        each += trained.server_wait_s  # the pull queues as a push does
+    each /= job.eval_every  # per update
     samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
     cycles = trained.group_cycle_s
     if job.mode == "sync" or not job.servers:
@@ -528,10 +590,12 @@ def _steady_training(job: SimJob) -> Estimate:
     ideal = job.ideal_samples_per_sec()
     samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
     if job.hierarchical:
-        step = hierarchical_step_seconds(job)
+        step = hierarchical_step_seconds(job) + max(
+            own_work_seconds(job, g) for g in job.groups
+        )
         total = sum(samples)
         return Estimate(total / step, ideal, tuple(step for _ in job.groups))
-    steps = [group_step_seconds(job, g) for g in job.groups]
+    steps = [group_step_seconds(job, g) + own_work_seconds(job, g) for g in job.groups]
     if job.mode == "sync" or not job.servers:
         rate = sum(s / t for s, t in zip(samples, steps, strict=True) if t > 0)
         return Estimate(rate, ideal, tuple(steps))
@@ -577,7 +641,7 @@ def _steady_training(job: SimJob) -> Estimate:
     # a server copies its reply itself to a leader on its node of shared
     # cores before it serves the next push: that copy is part of its service
     busy = [
-        u + _reply_copy_seconds(job, s)
+        u + _server_copy_seconds(job, s)
         for s, u in zip(job.servers, update, strict=True)
     ]
     service = max(max(u, lk) for u, lk in zip(busy, link, strict=True))
@@ -627,16 +691,17 @@ def _convoy(cycles: list[float], link: float) -> list[float]:
     return [max(c, period) for c in cycles]
 
 
-def _reply_copy_seconds(job: SimJob, server: dict) -> float:
-    """A server's mean seconds copying replies to leaders on its own node of
-    shared cores, per update (groups equally weighted)."""
+def _server_copy_seconds(job: SimJob, server: dict) -> float:
+    """A server's mean seconds copying pushes in from and replies out to
+    leaders on its own node of shared cores, per update (groups equally
+    weighted): the receiver of a large message on shared memory copies it."""
     node = job.nodes[server["node"]]
     if not node["shared"]:
         return 0.0
     local = sum(1 for g in job.groups if job.workers[g[0]]["node"] == server["node"])
     shard = job.grad_bytes / len(job.servers)
     bw, lat = _server_copy(job, server["node"])
-    return local / len(job.groups) * (lat + shard / bw)
+    return 2 * local / len(job.groups) * (lat + shard / bw)
 
 
 def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
@@ -663,8 +728,12 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                             r, job.workers[g[0]]["batch"]
                         )
                     continue
-                if not job.sleep_compute:
-                    seconds += job.compute_seconds(r, job.workers[r]["batch"])
+                # the model's own compute (paced or not) and the copies
+                seconds += _on_host(
+                    job, r, job.executed_amount(r, job.workers[r]["batch"])
+                )
+                copies = (2 + (size > 1)) if i == 0 else 1
+                seconds += copies * _on_host(job, r, job.workers[r].get("copy_s", 0.0))
                 nxt = job.workers[g[(i + 1) % size]]["node"]
                 if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
                     seconds += 2 * (size - 1) / size * job.grad_bytes / copy

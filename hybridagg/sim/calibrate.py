@@ -10,10 +10,12 @@ and returns the profile with:
   hybridagg's own flat all-reduce (``hybridagg-flat``; ``hybridagg``, the
   bucketed optimizer, where the flat one was not run);
 * ``server``: the optimizer's time per update and per byte of a shard
-  (``update_us`` at each size, divided among the servers, plus a saturated
-  capacity run's service time, ``1 / updates per second``), and a leader's
+  (``update_us`` at each size, divided among the servers), a leader's
   transfer to a server (``hybridagg-ps``'s round trips without the update:
-  ``2(latency + bytes/bandwidth)``), with the capacity records kept.
+  ``2(latency + bytes/bandwidth)``), and what else a saturated server
+  spends per byte (a capacity run's service time, ``1 / updates per
+  second``, less the optimizer and the push and reply transfers: see
+  :func:`_with_service`), with the capacity records kept.
 
 Each line is fitted by least squares on relative error (weights ``1/t^2``:
 4 KiB and 256 MiB count alike), its intercept held at 0 or more.
@@ -147,6 +149,7 @@ def fit_server(
     update: dict[float, list[float]] = {}
     trips: list[tuple[float, float]] = []
     capacity: list[tuple[float, float, float]] = []
+    service: dict[float, list[float]] = {}
     for r in records:
         if r.get("wire", "fp32") != "fp32":
             continue
@@ -154,9 +157,9 @@ def fit_server(
             nbytes = float(r.get("capacity_bytes", 2**20))  # (its default)
             capacity.append((float(r["leaders"]), nbytes, float(r["updates_per_sec"])))
             if float(r.get("nap_ms", 1.0)) == 0.0:  # saturated: the service time
-                update.setdefault(nbytes / max(1, int(r.get("servers", 1))), []).append(
-                    1.0 / float(r["updates_per_sec"])
-                )
+                service.setdefault(
+                    nbytes / max(1, int(r.get("servers", 1))), []
+                ).append(1.0 / float(r["updates_per_sec"]))
             continue
         if (
             r.get("impl") == "hybridagg-ps"
@@ -172,11 +175,14 @@ def fit_server(
         if "update_us" in r and r.get("impl") == "hybridagg-ps":
             shard = float(r["bytes"]) / int(r.get("servers", 1))
             update.setdefault(shard, []).append(float(r["update_us"]) * 1e-6)
-    if not update and not trips:
+    if not update and not trips and not service:
         raise ValueError(f"{source}: no latency or saturated capacity records")
     fit = base
-    if update:
-        points = sorted((x, sorted(ts)[len(ts) // 2]) for x, ts in update.items())
+    if update or (service and not trips):
+        # the optimizer's own time; saturated service times stand in for it
+        # only where no transfer was measured to take out of them
+        pooled = update or service
+        points = sorted((x, sorted(ts)[len(ts) // 2]) for x, ts in pooled.items())
         a, b = fit_line(points)
         fit = replace(
             fit, seconds_per_update=a, seconds_per_byte=b, points=tuple(points)
@@ -189,7 +195,36 @@ def fit_server(
             transfer_latency_s=a / 2,
             transfer_Bps=2 / b if b > 0 else 0.0,
         )
+        if service:
+            fit = _with_service(fit, service)
     return replace(fit, capacity=tuple(sorted(capacity)))
+
+
+def _with_service(fit: ServerFit, service: dict[float, list[float]]) -> ServerFit:
+    """``fit`` whose per-byte cost also carries the rest of a saturated
+    server's service time.
+
+    Saturated (``bench/ps.py``'s capacity at no nap) a server spends per
+    update more than the optimizer and the two transfers the simulator
+    charges it with on shared memory (the push copied in, the reply copied
+    out: ``2(latency + bytes/bandwidth)``): it checks the gradient and
+    copies the weights to reply from for each group. That rest, per byte
+    at the capacity's shard size (the median over sizes; none if the
+    optimizer and the transfers already take the whole service time), is
+    added to ``seconds_per_byte``: the simulated server then serves as
+    fast as the measured one."""
+    rests = []
+    for shard, times in service.items():
+        seconds = sorted(times)[len(times) // 2]
+        charged = fit.seconds(shard) + 2 * (
+            fit.transfer_latency_s + shard / fit.transfer_Bps if fit.transfer_Bps else 0
+        )
+        if shard > 0:
+            rests.append((seconds - charged) / shard)
+    rest = sorted(rests)[len(rests) // 2]
+    if rest <= 0:
+        return fit
+    return replace(fit, seconds_per_byte=fit.seconds_per_byte + rest)
 
 
 def _load(path: str | Path, what: str) -> Any:

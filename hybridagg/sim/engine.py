@@ -22,9 +22,17 @@ sleeps), its hop of the group's all-reduce, and its hop of the broadcast of
 new weights; a group's members meet at a SimGrid barrier where a step's
 data must all have arrived. The leader also pushes the group's gradient to
 the servers and waits for their replies (hybrid, async; with ``--overlap``
-the replies of the previous push, so the exchange runs during the step). One actor per server, serving pushes in arrival order: its update
-costs ``server_update_s + master bytes x server_byte_s`` of its host's time
-(the float32 master weights of its shard, whatever the wire). With
+the replies of the previous push, so the exchange runs during the step);
+it flattens the gradient before and copies the reply's weights into its
+model after (``copy_s``), and in a group of several flattens them again
+for the broadcast, which each member copies in. Sync workers update the
+model themselves after the reduction (``update_s``). One actor per
+server, serving pushes (and rank 0's pulls) in arrival order: on its node
+of shared cores it copies a leader's push in itself, as the receiver of a
+large message on shared memory does; its update costs ``server_update_s +
+master bytes x server_byte_s`` of its host's time (the float32 master
+weights of its shard, whatever the wire); it copies the reply out to a
+leader on its node. With
 ``SimJob.server_bank`` (:func:`hybridagg.sim.job.bank_servers`: 4,096
 pushes a round or more, interchangeable servers) the servers are one bank:
 one host behind their links side by side, one actor, a push and a reply
@@ -50,8 +58,11 @@ stages of different buckets overlap (with one bucket the worker runs them
 in turn itself).
 The broadcast is a pipelined chain: one flow of the full weights per link.
 Rank 0 validates every ``--eval-every`` updates, as a run does (the
-profile's ``validation_s``; with servers after pulling the weights): a run's
-wall time, and so its samples per second, includes it; in sync every rank
+profile's ``validation_s``, executed on its host; with servers after
+pulling the weights: a request queued at each server behind the pushes
+before it, the server's copy of its part and the transfer, then rank 0's
+two copies, out of the reply and into the evaluated model): a run's wall
+time, and so its samples per second, includes it; in sync every rank
 waits for it at the next reduction, in hybrid its group at the next barrier.
 Hybrid and async runs of a number of samples (``--epochs``) draw them as a
 run's dynamic shares do: a batch at a time from one pool, each worker
@@ -74,6 +85,9 @@ from ._simgrid import load
 from .job import SimJob
 
 __all__ = ["main", "run"]
+
+PULL = (-1, 0, 0)
+"""Rank 0's pull of the weights for a validation, in a server's mailbox."""
 
 SIMGRID_CONFIG = (
     "--cfg=network/model:CM02",
@@ -320,8 +334,12 @@ class _Sim:
         nxt = self.worker_host[ranks[(position + 1) % n]]
         batch = job.workers[rank]["batch"]
         step_samples = sum(w["batch"] for w in job.workers)  # sync's update
-        passes = max(1, int(job.accumulate))
         steps_done = 0
+        releases = (
+            0
+            if reduction is None
+            else len(job.buckets) if job.hierarchical else last_bucket
+        )  # fmt: skip
         pool = job.mode != "sync" and job.target_samples is not None
         held: list[int] = []  # dynamic shares: batches claimed, not yet computed
         while True:
@@ -331,26 +349,7 @@ class _Sim:
             if pool:
                 mine = self._claim(held, batch)
                 shared["samples_of"][position] = mine  # summed after the barrier
-            factor = job.factor(rank, self.engine.clock)
-            if job.sleep_compute:
-                total = job.compute_seconds(rank, mine, self.engine.clock)
-            else:  # an amount: the host's speed (and sharing) sets the time
-                total = job.workers[rank]["seconds_per_sample"] * mine * factor
-            # --accumulate: the passes before the last reduce nothing; the
-            # buckets fill during the last pass's backward, each handed to
-            # the reduction then (it overlaps the rest of backward)
-            last = total / passes
-            backward = last * (1 - job.forward_share)
-            owed, done = total - backward, 0.0
-            for b, (ready, _share) in enumerate(job.buckets):
-                owed += backward * (ready - done)
-                done = ready
-                if reduction is not None and (job.hierarchical or b < last_bucket):
-                    # (compute between two buckets is one activity: each costs a simcall)
-                    self._spend(owed)
-                    owed = 0.0
-                    reduction[0].release()
-            self._spend(owed + backward * (1 - done))
+            self._compute(rank, mine, releases)
             if reduction is not None:
                 reduction[1].acquire()
             if inline:  # the last bucket (every stage), by this actor itself
@@ -358,6 +357,7 @@ class _Sim:
             if job.mode == "sync":
                 if barrier is not None and not job.hierarchical:
                     barrier.wait()
+                self._execute(job.workers[rank].get("update_s", 0.0))
                 # every member counts the updates itself (the same rule as
                 # _count), so no barrier is needed to stop together
                 steps_done += 1
@@ -389,11 +389,14 @@ class _Sim:
                 barrier.wait()
             stop = shared["stop"]
             if shared["bcast"] and n > 1:
+                # (the leader flattened the weights before the barrier)
                 if position < n - 1:
                     self.transfer(host, nxt, nbytes)
                 barrier.wait()
                 if chain_rest > 0:
                     self.sg.this_actor.sleep_for(chain_rest)
+                if not leader:  # the weights into its model
+                    self._execute(job.workers[rank].get("copy_s", 0.0))
             if leader:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
             if stop:
@@ -490,10 +493,30 @@ class _Sim:
             return
         self._eval_bucket = bucket
         if job.validation_pull:
-            part = job.master_bytes / len(self.server_host)
-            for server in self.server_host:  # each server's part of the weights
-                self.transfer(server, host, part, server=True)
-        self.sg.this_actor.sleep_for(job.validation_s)
+            # a pull queues at each server behind the pushes before it
+            for s in range(len(self.server_host)):
+                self.sg.Mailbox.by_name(f"server{s}").put_init(PULL, 0).detach()
+            box = self.sg.Mailbox.by_name("pull")
+            for _ in self.server_host:
+                box.get()
+            # the pulled weights copied out, then into the evaluated model
+            self._execute(2 * job.workers[0].get("copy_s", 0.0))
+        # (work on rank 0's host: on shared cores it contends with the rest)
+        self._execute(job.validation_s * host.speed)
+
+    def _serve_pull(self, host) -> None:
+        """A server answers rank 0's pull: its part of the weights copied to
+        reply from, then sent (on rank 0's node of shared cores: copied)."""
+        job = self.job
+        count = len(self.server_host)
+        self._execute(job.workers[0].get("copy_s", 0.0) / count)
+        part = job.master_bytes / count
+        rank0 = self.worker_host[0]
+        size = part
+        if rank0.name == host.name:  # a memory copy, then a notice
+            self.transfer(host, rank0, part, server=True)
+            size = 0
+        self.sg.Mailbox.by_name("pull").put_init(PULL, round(size)).detach()
 
     # ----------------------------------------------------- the reduction
     def ring(self, group: int, position: int) -> None:
@@ -650,6 +673,60 @@ class _Sim:
         else:
             self.sg.this_actor.exec_async(amount).wait()
 
+    def _execute(self, amount: float) -> None:
+        """Work on this actor's host (``amount``: seconds at speed 1)."""
+        if amount > 0:
+            self.sg.this_actor.exec_async(amount).wait()
+
+    def _compute(self, rank: int, samples: int, releases: int) -> None:
+        """A worker's compute of ``samples``, handing bucket ``b`` to its
+        reduction actors (``b < releases``) once backward has filled it.
+
+        With ``--accumulate`` the passes before the last reduce nothing; the
+        buckets fill during the last pass's backward, each handed over then
+        (its reduction overlaps the rest of backward). Paced
+        (``sleep_compute``): the model's own compute executes at once on the
+        host (hidden under the sleeps, as the pacer's per-layer sleeps
+        absorb it), each bucket is handed over when the step's clock
+        reaches it, and the part the pacer cannot hide (``paced_tail``)
+        executes after the last sleep, before the buckets that wait for it
+        (those backward fills at its very end).
+        """
+        job, sg = self.job, self.sg
+        reduction = self.reduction.get(rank)
+        clock = self.engine.clock
+        w = job.workers[rank]
+        tail = 0.0
+        if job.sleep_compute:
+            total = job.compute_seconds(rank, samples, clock)  # the pacer's
+            executed = job.executed_amount(rank, samples, clock)
+            tail = executed * w.get("paced_tail", 0.0)
+            self._execute(executed - tail)
+        else:  # an amount: the host's speed (and sharing) sets the time
+            total = job.executed_amount(rank, samples, clock)
+        backward = total / max(1, int(job.accumulate)) * (1 - job.forward_share)
+        spent = 0.0
+
+        def until(point: float) -> None:  # compute up to ``point`` of ``total``
+            nonlocal spent
+            if job.sleep_compute:
+                left = clock + point - self.engine.clock
+                if left > 0:
+                    sg.this_actor.sleep_for(left)
+            elif point > spent:
+                # (compute between two buckets is one activity: each costs a simcall)
+                self._spend(point - spent)
+            spent = max(spent, point)
+
+        for ready, _share in job.buckets[:releases]:
+            until(total - backward * (1 - ready))
+            if tail > 0 and ready >= 1.0:
+                self._execute(tail)
+                tail = 0.0
+            reduction[0].release()
+        until(total)
+        self._execute(tail)
+
     def _leader_step(
         self, group: int, ranks: list[int], samples: int | None = None
     ) -> bool:
@@ -663,23 +740,34 @@ class _Sim:
         host = self.worker_host[ranks[0]]
         me = shared["mailbox"]
         shard = self.group_shard[group]
+        # (a pipeline's stages: their parts' copies are not modelled)
+        copy = (
+            job.workers[ranks[0]].get("copy_s", 0.0)
+            if job.pipeline_of(group) is None
+            else 0.0
+        )
         bcast = False
         if shared["pending"]:  # --overlap: the previous push's replies
             shared["weights"] = max(me.get() for _ in self.server_host)
             shared["pending"] = False
+            self._execute(copy)  # the weights into the model
             bcast = True
+        self._execute(copy)  # the gradient flattened for the push
         for s, server in enumerate(self.server_host):
-            size = shard
-            if server.name == host.name:  # a memory copy, then a notice
-                self.transfer(host, server, shard, server=True)
-                size = 0
+            # on the server's node of shared cores a notice: the server
+            # copies the push in itself (the receiver copies a large
+            # message on shared memory)
+            size = 0 if server.name == host.name else shard
             box = sg.Mailbox.by_name(f"server{s}")
             box.put_init((group, shared["computed_on"], samples), round(size)).detach()
         shared["pending"] = True
         if not job.overlap:
             shared["weights"] = max(me.get() for _ in self.server_host)
             shared["pending"] = False
+            self._execute(copy)  # the weights into the model
             bcast = True
+        if bcast and len(ranks) > 1:
+            self._execute(copy)  # the weights flattened for the group's broadcast
         return bcast
 
     def server(self, index: int) -> None:
@@ -697,6 +785,12 @@ class _Sim:
         held_version: dict[int, int] = {}  # the version a held reply carries
         while True:
             group, pulled, samples = me.get()
+            if group == PULL[0]:
+                self._serve_pull(host)
+                continue
+            leader_host = self.worker_host[job.groups[group][0]]
+            if leader_host.name == host.name:  # the push copied in
+                self.transfer(leader_host, host, self.group_shard[group], server=True)
             master = job.master_bytes / len(job.servers)  # (a bank's too)
             seconds = job.server_update_s + master * job.server_byte_s
             sg.this_actor.exec_async(seconds * host.speed / speed).wait()

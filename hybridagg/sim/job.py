@@ -76,12 +76,25 @@ class SimJob:
         inter: The link between a node and the core switch (bandwidth, latency).
         workers: Per worker rank: ``node``, ``device`` (index on the node),
             ``seconds_per_sample`` (at speed 1 of its host: the amount an
-            execution carries), ``batch``.
+            execution carries), ``batch``; its own work besides compute and
+            communication, seconds at speed 1 executed on its host (0: not
+            modelled): ``update_s``, the update of the whole model after a
+            sync reduction (the finite check and the optimizer step), and
+            ``copy_s``, one copy of the whole model between its tensors and
+            a flat buffer (with servers a leader flattens the gradient
+            before a push and copies the reply's weights in; in a group of
+            several ranks it flattens the weights for the broadcast, which
+            each member copies in); and ``paced_tail``, with
+            ``sleep_compute`` the share of its compute the pacer cannot hide
+            (the profile's :attr:`~.profile.Profile.paced_tail_share`).
         groups: Worker ranks per group, leader first.
         servers: Per server: ``node`` and ``speed``.
         phases: The slowdown schedule, ``[start, {rank: factor}]``.
-        sleep_compute: Compute is slept (``--sample-ms``: the pacer's
-            emulation), not executed on the host's cores.
+        sleep_compute: A step lasts what ``--sample-ms`` says (the pacer's
+            emulation sleeps what the model's own compute did not take); the
+            model's compute still executes on the host, under the sleeps
+            but for ``paced_tail``.
+
         sample_s: ``--sample-ms`` in seconds.
         grad_bytes: Bytes of a gradient on the wire (also of the weights).
         master_bytes: Bytes of the servers' float32 master weights (what an
@@ -202,6 +215,13 @@ class SimJob:
             return self.sample_s * batch * factor
         speed = self.nodes[w["node"]]["speed"]
         return w["seconds_per_sample"] * batch * factor / speed
+
+    def executed_amount(self, rank: int, batch: int, elapsed: float = 0.0) -> float:
+        """Seconds at speed 1 of the model's own compute that executes on
+        ``rank``'s host for ``batch`` samples: stretched by the slowdown
+        factor, unless the pacer sleeps the factor (``sleep_compute``)."""
+        amount = self.workers[rank]["seconds_per_sample"] * batch
+        return amount if self.sleep_compute else amount * self.factor(rank, elapsed)
 
     def _rate(self, elapsed: float) -> float:
         rates: dict[int, float] = {}
@@ -354,6 +374,11 @@ def build_job(
                         "device": d,
                         "seconds_per_sample": own.sample_seconds,
                         "batch": options.batch_size,
+                        "update_s": own.update_s,
+                        "copy_s": own.copy_s,
+                        "paced_tail": (
+                            own.paced_tail_share if options.sample_ms > 0 else 0.0
+                        ),
                     }
                 )
                 infos.append(

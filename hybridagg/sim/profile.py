@@ -22,6 +22,14 @@ Every figure is in seconds, bytes or bytes per second:
   (calibrated: also a leader's transfer to it, latency and bandwidth, and
   its measured capacity);
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
+* ``worker``: a worker's own work per update besides compute and
+  communication, on the profiled device: ``update_s``, the finite check
+  and the run's optimizer step over the whole model (sync mode's, on every
+  worker after the reduction), and ``copy_s``, one copy of the whole model
+  between its tensors and a flat buffer (with servers: the leader flattens
+  the gradient before a push and copies the reply's weights into the
+  model; in a group of several ranks it flattens the weights for the
+  group's broadcast and each member copies them in); 0: not measured;
 * ``validation_s``: one validation as ``hybridagg train`` runs it on rank 0
   every ``--eval-every`` updates (the data file's validation split, on the
   profiled device), which a run's wall time includes; 0 when the profile
@@ -180,6 +188,14 @@ class Profile:
     """the samples that validation went over"""
     units: tuple[UnitCost, ...] = ()
     """the model's pipeline units in order (empty: it cannot be pipelined)"""
+    update_s: float = 0.0
+    """seconds of a worker's own update of the whole model on the profiled
+    device: the finite check of the gradient and the run's optimizer step
+    (every worker's after a sync reduction); 0: not measured"""
+    copy_s: float = 0.0
+    """seconds of one copy of the whole model between its tensors and a
+    flat buffer on the profiled device (a push's flattened gradient, a
+    reply's weights copied into the model); 0: not measured"""
 
     def allreduce_for(self, ranks: int) -> AllreduceFit | None:
         """The all-reduce fit measured at the group size nearest ``ranks``
@@ -195,6 +211,16 @@ class Profile:
     def sample_seconds(self) -> float:
         """Forward and backward seconds per sample on the profiled device."""
         return self.forward_s_per_sample + self.backward_s_per_sample
+
+    @property
+    def paced_tail_share(self) -> float:
+        """The share of a step's compute that ``--sample-ms``'s pacer cannot
+        hide under its sleeps: the first layer's backward. The pacer sleeps
+        each layer's share of the step before that layer's backward runs, so
+        the first layer's backward comes after the step's last sleep."""
+        if not self.layers or self.sample_seconds <= 0:
+            return 0.0
+        return min(1.0, self.layers[0].backward_s / self.sample_seconds)
 
     def gradient_bytes(self, wire: str = "fp32") -> float:
         """Bytes of one gradient (or one copy of the weights) on ``wire``."""
@@ -443,6 +469,8 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         ),
         validation_samples=vsamples,
         units=units,
+        update_s=_check(where, "update_s", data.get("update_s", 0.0), zero=True),
+        copy_s=_check(where, "copy_s", data.get("copy_s", 0.0), zero=True),
         notes=notes,
     )
 

@@ -27,6 +27,10 @@ phase, then every rank for the all-reduce), written as a
   over shards of several sizes on the CPU, fitted to
   ``seconds = per_update + bytes x per_byte`` (least squares);
 * one core's memory-copy bandwidth (``torch`` copy of 64 MiB, best of reps);
+* a worker's own work per update (:func:`measure_worker_update`): the
+  finite check and the run's optimizer step over the whole model (every
+  sync worker's after the reduction), and one copy of the model into a
+  flat buffer (a leader's flattened push, a reply's weights copied in);
 * with a data file: one validation as ``hybridagg train`` runs it on rank 0
   every ``--eval-every`` updates (:class:`~hybridagg.train.evaluate.Evaluator`
   over the file's validation split, on the profiled device; median of
@@ -176,7 +180,10 @@ def measure_compute(
             model(x)
 
     def both() -> None:
-        model.zero_grad(set_to_none=True)
+        # the gradients stay allocated and are zeroed, as a run's are (views
+        # into its reduction buckets): a fresh allocation each pass would
+        # time the kernel's page faults on a large model
+        model.zero_grad(set_to_none=False)
         with precision.autocast():
             loss = model(x).float().sum()
         loss.backward()
@@ -237,6 +244,58 @@ def bucket_schedule(
         out.append((min(ready, 1.0), nbytes / grad_bytes))
     out.sort()
     return tuple(out)
+
+
+def measure_worker_update(
+    model: nn.Module,
+    cfg: OptimOptions,
+    reps: int,
+    *,
+    synchronize: bool = False,
+) -> tuple[float, float]:
+    """A worker's own work per update on ``model``'s device (its gradients
+    filled): ``(update_s, copy_s)``.
+
+    ``update_s`` is the finite check of the gradient and the run's optimizer
+    step (:func:`~hybridagg.train.common.make_optimizer`), what every sync
+    worker does after the reduction; ``copy_s`` is one copy of the whole
+    model into a flat buffer, what a leader does to push a gradient and
+    (the other way) to load a reply's weights. The model's weights are
+    restored afterwards.
+    """
+    from ..comm.finite import all_finite
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return 0.0, 0.0
+    saved = [p.detach().clone() for p in params]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.empty(sum(g.numel() for g in grads), device=grads[0].device)
+    optimizer = make_optimizer(cfg, model)
+
+    def sync() -> None:
+        if synchronize:
+            torch.cuda.synchronize(flat.device)
+
+    def update() -> None:
+        all_finite(grads)
+        optimizer.step()
+
+    def copy() -> None:
+        torch.cat([g.reshape(-1) for g in grads], out=flat)
+
+    try:
+        update_s = _timed(update, reps, sync)
+        copy_s = _timed(copy, reps, sync)
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, saved, strict=True):
+                p.copy_(w)
+                p.grad = None
+    return update_s, copy_s
 
 
 def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
@@ -408,6 +467,7 @@ def profile_model(
     )
     per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
     memcpy = measure_memcpy(reps)
+    update_s, copy_s = measure_worker_update(model, cfg, reps, synchronize=synchronize)
     validation_s, validation_samples = (
         measure_validation(
             model, data, reps, loss=loss, device=device, synchronize=synchronize
@@ -440,6 +500,8 @@ def profile_model(
         validation_s=validation_s,
         validation_samples=validation_samples,
         units=units,
+        update_s=update_s,
+        copy_s=copy_s,
         notes={
             **({"units": why_no_units} if why_no_units else {}),
             "layers": "measured totals apportioned by each layer's FLOPs "
