@@ -155,13 +155,13 @@ def test_simulate_options_are_the_cells_own(simcheck, tmp_path):
     )  # fmt: skip
     h = simcheck.hetero_args(args, "twin-4x", "ps.json")
     assert (h.model, h.epochs, h.sample_ms, h.ps_capacity) == (
-        "resnet50-twin", 2, 2.0, "ps.json",
+        "resnet50-twin", 3, 2.0, "ps.json",
     )  # fmt: skip
     argv = simcheck.simulate_argv("twin-4x", "hybrid", h, "p.json", None)
     assert argv[:2] == ["simulate", "--profile"]
     for flag, value in (
         ("--mode", "hybrid"), ("--groups", "0-1,2-3"), ("--servers", "1"),
-        ("--slowdown", "0-1:1,2-3:4"), ("--sample-ms", "2.0"), ("--epochs", "2"),
+        ("--slowdown", "0-1:1,2-3:4"), ("--sample-ms", "2.0"), ("--epochs", "3"),
         ("--model", "resnet50-twin"), ("--ranks", "5"), ("--batch-size", "32"),
     ):  # fmt: skip
         assert argv[argv.index(flag) + 1] == value, flag

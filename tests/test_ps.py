@@ -490,6 +490,13 @@ def test_lookahead_replies_match_a_replay_of_the_server(horizon):
     true = torch.cat([r.detach().reshape(-1) for r in ref.parameters()])
     if rank == 0:
         torch.testing.assert_close(opt.pull_weights(), true, rtol=1e-10, atol=1e-12)
+        # into a buffer the caller keeps (validation's), the same weights
+        into = torch.empty_like(true)
+        weights, _ = opt.pull_state(into)
+        assert weights is into
+        torch.testing.assert_close(into, true, rtol=1e-10, atol=1e-12)
+        with pytest.raises(ValueError, match=r"needs a flat torch\.float64 tensor"):
+            opt.pull_state(torch.empty(3, dtype=true.dtype))
         last_reply = torch.cat([w.reshape(-1) for w in pending])
         # the last answer to a push was a prediction unless past the horizon
         assert torch.allclose(true, last_reply) == (horizon is not None)
@@ -797,3 +804,24 @@ def test_a_group_averages_its_buffers_before_the_push():
     opt.step()
     torch.testing.assert_close(model[1].running_mean, sum(everyone) / 2)
     opt.finish()
+
+
+def test_a_server_makes_every_groups_reply_copy_before_the_first_push():
+    # made at a group's first reply instead, the copy's page faults fell
+    # inside that push while the other leaders queued behind it
+    from types import SimpleNamespace
+
+    from hybridagg.ps.replies import ReplySender
+
+    store = SimpleNamespace(flat=torch.arange(6.0), buffers=None)
+    idle = SimpleNamespace(enabled=False, predicts=lambda g: False)
+    replies = ReplySender(None, 3, store, idle)
+    replies.prepare()
+    assert [c[0].tolist() for c in replies.copies] == [[0.0] * 6] * 3
+    made = [c[0] for c in replies.copies]
+    assert replies._source(1, 0, 6).tolist() == store.flat.tolist()
+    assert replies.copies[1][0] is made[1]  # the copy made up front, reused
+    # a lone group replies from the shard itself: nothing to make
+    lone = ReplySender(None, 1, store, idle)
+    lone.prepare()
+    assert lone.copies == [None]

@@ -26,6 +26,7 @@ from hybridagg.sim.analytic import estimate
 from hybridagg.sim.job import BANK_MIN_FLOWS, LOADER_CLAIM_AHEAD, bank_servers
 from hybridagg.sim.profile import (
     AllreduceFit,
+    LayerCost,
     MachineInfo,
     Profile,
     ServerFit,
@@ -804,3 +805,143 @@ def test_claim_ahead_is_the_training_loaders_read_ahead_and_sync_has_none():
         gpus(2), PROFILE, samples=640,
     )  # fmt: skip
     assert hybrid.claim_ahead == LOADER_CLAIM_AHEAD
+
+
+# ------------------------------------------------- a worker's own work
+LAYERED = replace(
+    PROFILE,
+    # two layers: the first's backward (1 of the 3 ms a sample) is the part
+    # the pacer cannot hide
+    layers=(
+        LayerCost("a", 1.0, forward_s=0.0005, backward_s=0.001),
+        LayerCost("b", 1.0, forward_s=0.0005, backward_s=0.001),
+    ),
+)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("sample_ms", [4.0, 1.0])
+def test_a_paced_step_is_the_pacers_time_then_the_backward_it_cannot_hide(sample_ms):
+    # one worker, no reduction: with 4 ms a sample the pacer's 128 ms cover
+    # the 64 ms of hidden compute, and the first layer's backward (32 ms)
+    # comes after the last sleep; with 1 ms a sample the 64 ms of hidden
+    # compute outlast the pacer's 32 ms
+    assert LAYERED.paced_tail_share == pytest.approx(1 / 3)
+    job = build_job(options(steps=3, sample_ms=sample_ms), gpus(1), LAYERED)
+    hidden, tail, target = 32 * 0.002, 32 * 0.001, 32 * sample_ms / 1000
+    step = max(target, hidden) + tail
+    assert simulate(job).time_s == pytest.approx(3 * step, rel=1e-9)
+    assert 32 / estimate(job).samples_per_sec == pytest.approx(step, rel=1e-9)
+    # unpaced, the layers are the measured compute and nothing is slept
+    plain = build_job(options(steps=3), gpus(1), LAYERED)
+    assert simulate(plain).time_s == pytest.approx(3 * 32 * 0.003, rel=1e-9)
+
+
+@needs_simgrid
+def test_sync_workers_update_the_model_after_the_reduction():
+    # every worker steps the optimizer once the all-reduce is done
+    bw, lat = 1e9, 1e-4
+    own = replace(PROFILE, update_s=0.01, copy_s=0.004)
+    job = build_job(options(steps=4), gpus(2, bw, lat), own)
+    assert [w["update_s"] for w in job.workers] == [0.01, 0.01]
+    step = 32 * 0.003 + ring_allreduce_seconds(2, 1e8, bw, lat) + 0.01
+    assert simulate(job).time_s == pytest.approx(4 * step, rel=1e-9)
+    assert 64 / estimate(job).samples_per_sec == pytest.approx(step, rel=1e-9)
+
+
+@needs_simgrid
+@pytest.mark.parametrize(
+    ("mode", "groups", "copies"),
+    [("async", None, 2), ("hybrid", "0-1", 4)],
+)
+def test_leaders_copy_the_model_around_each_exchange(mode, groups, copies):
+    # a lone leader flattens its gradient and copies the reply's weights in
+    # (2 copies an update); a group's leader also flattens them for the
+    # broadcast and its member copies them in (4 on the group's path)
+    own = replace(PACED, parameters=1000, copy_s=0.005)
+    common = dict(mode=mode, groups=groups, servers=1, steps=20, sample_ms=1.0)
+    workers = 1 if mode == "async" else 2
+    cluster = gpus(workers, 1e12, 0.0)
+    base = simulate(build_job(options(**common), cluster, replace(own, copy_s=0.0)))
+    job = build_job(options(**common), cluster, own)
+    cycle = lambda p: p.group_update_s[0]  # noqa: E731
+    # (over 20 updates: the first has no broadcast's copy before it)
+    assert cycle(simulate(job)) - cycle(base) == pytest.approx(copies * 0.005, rel=0.02)
+    # (the analytic model's queue wait moves a little with the cycle)
+    assert estimate(job).group_cycle_s[0] - estimate(
+        build_job(options(**common), cluster, replace(own, copy_s=0.0))
+    ).group_cycle_s[0] == pytest.approx(copies * 0.005, rel=0.02)
+
+
+@needs_simgrid
+def test_a_validation_pull_queues_behind_the_pushes_at_the_server():
+    # two async leaders; a server update of 0.2 s. Rank 0's pull waits for
+    # the update in progress when it asks, so a validation there costs more
+    # than its transfer and evaluation alone
+    slow_server = replace(
+        PACED,
+        parameters=1000,
+        validation_s=0.001,
+        server=ServerFit(seconds_per_update=0.2, seconds_per_byte=0.0),
+    )
+    common = dict(mode="async", servers=1, steps=40, sample_ms=1.0)
+    cluster = gpus(2, 1e12, 0.0)
+    base = simulate(build_job(options(**common), cluster, slow_server))
+    job = build_job(options(**common, eval_every=1), cluster, slow_server)
+    checked = simulate(job)
+    # about one validation an update: without the queue they would cost
+    # 40 x 1 ms
+    assert checked.time_s - base.time_s > 40 * 0.001 + 0.2
+
+
+def test_calibration_makes_the_server_serve_at_its_measured_capacity(tmp_path):
+    from hybridagg.sim import calibrate
+
+    update = lambda b: 7e-5 + b * 3e-10  # noqa: E731  (the optimizer alone)
+    trip = lambda b: 2 * (2e-5 + b / 6e9)  # noqa: E731
+    size = 64 << 20
+    records = [
+        {"impl": "hybridagg-ps", "ranks": 2, "servers": 1, "bytes": b,
+         "median_us": trip(b) * 1e6, "update_us": update(b) * 1e6}
+        for b in (4096, 1 << 20, size)
+    ]  # fmt: skip
+    service = update(size) + trip(size) / 2 + 0.006  # 6 ms more: checks, copies
+    saturated = {"impl": "hybridagg-ps", "leaders": 4, "servers": 1,
+                 "updates_per_sec": 1 / service, "nap_ms": 0.0,
+                 "capacity_bytes": size}  # fmt: skip
+    ps = tmp_path / "ps.json"
+    ps.write_text(json.dumps([*records, saturated]))
+    server = calibrate(PROFILE, ps_json=ps).server
+    assert server.seconds_per_update == pytest.approx(7e-5)
+    # the simulated server: its update and the push copied in (its leader
+    # copies the reply in)
+    charged = (
+        server.seconds(size) + server.transfer_latency_s + size / server.transfer_Bps
+    )
+    assert charged == pytest.approx(service, rel=1e-9)
+    # a capacity the optimizer and the transfers already explain adds nothing
+    fast = {**saturated, "updates_per_sec": 2 / service}
+    ps.write_text(json.dumps([*records, fast]))
+    assert calibrate(PROFILE, ps_json=ps).server.seconds_per_byte == pytest.approx(
+        3e-10
+    )
+
+
+def test_profile_measures_a_workers_own_update_and_leaves_the_weights(tmp_path):
+    import torch
+
+    from hybridagg.train.config import OptimOptions
+    from hybridagg.train.profiler import measure_worker_update
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(3, 8)).sum().backward()
+    update_s, copy_s = measure_worker_update(model, OptimOptions(lr=0.5), reps=2)
+    assert update_s > 0 and copy_s > 0
+    for p, w in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), w) and p.grad is None
+    path = tmp_path / "p.json"
+    data = {**json.loads(save_profile(PROFILE, path).read_text()), "update_s": -1}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="update_s must be >= 0"):
+        load_profile(path)

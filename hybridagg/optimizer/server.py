@@ -64,6 +64,10 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
                 [b.params for b in reducer.buckets],
             )
             reducer.on_final = self._bucket_final
+        elif self.topology.is_leader:
+            # the flat gradient unstreamed pushes are sent from, made now (its
+            # page faults in the set-up, not inside the first push)
+            self._exchange.client.flat_grad  # noqa: B018
 
     _per_group = True
 

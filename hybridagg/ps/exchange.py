@@ -419,11 +419,13 @@ class GroupExchange:
             raise ValueError("only a group leader can pull from the parameter servers")
         flat = self.client.flat_weights
         if out is not None and (
-            not isinstance(out, torch.Tensor) or out.shape != flat.shape
+            not isinstance(out, torch.Tensor)
+            or out.shape != flat.shape
+            or out.dtype != flat.dtype
         ):
             raise ValueError(
-                f"pull(out=...) needs a flat tensor of {flat.numel()} elements, "
-                f"got {getattr(out, 'shape', type(out).__name__)}"
+                f"pull(out=...) needs a flat {flat.dtype} tensor of {flat.numel()} "
+                f"elements, got {_describe(out)}"
             )
         if self.pending is not None:
             self._finish_pending()
@@ -489,3 +491,10 @@ class GroupExchange:
             self.client.complete(self.pending)
             self.pending = None
         self.client.lost(dead_rank)
+
+
+def _describe(value) -> str:
+    """A tensor's shape and dtype for a message, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)}"
+    return type(value).__name__

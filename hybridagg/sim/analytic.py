@@ -49,8 +49,8 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
   (M/D/1's mean wait), the load found by a fixed point; a server on the
-  node of a leader's shared cores copies its push in and its reply out
-  itself, part of its service. On a node of
+  node of a leader's shared cores copies its push in itself, part of its
+  service (the leader copies the reply in). On a node of
   shared cores, the groups' core-seconds there per second (compute that
   executes, copies, server updates) may not exceed its cores: every group
   waits what keeps them within.
@@ -692,16 +692,17 @@ def _convoy(cycles: list[float], link: float) -> list[float]:
 
 
 def _server_copy_seconds(job: SimJob, server: dict) -> float:
-    """A server's mean seconds copying pushes in from and replies out to
-    leaders on its own node of shared cores, per update (groups equally
-    weighted): the receiver of a large message on shared memory copies it."""
+    """A server's mean seconds copying in the pushes of leaders on its own
+    node of shared cores, per update (groups equally weighted): the
+    receiver of a large message on shared memory copies it (a leader
+    copies its reply in the same way, on its own time)."""
     node = job.nodes[server["node"]]
     if not node["shared"]:
         return 0.0
     local = sum(1 for g in job.groups if job.workers[g[0]]["node"] == server["node"])
     shard = job.grad_bytes / len(job.servers)
     bw, lat = _server_copy(job, server["node"])
-    return 2 * local / len(job.groups) * (lat + shard / bw)
+    return local / len(job.groups) * (lat + shard / bw)
 
 
 def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:

@@ -14,7 +14,7 @@ and returns the profile with:
   transfer to a server (``hybridagg-ps``'s round trips without the update:
   ``2(latency + bytes/bandwidth)``), and what else a saturated server
   spends per byte (a capacity run's service time, ``1 / updates per
-  second``, less the optimizer and the push and reply transfers: see
+  second``, less the optimizer and the push's transfer: see
   :func:`_with_service`), with the capacity records kept.
 
 Each line is fitted by least squares on relative error (weights ``1/t^2``:
@@ -205,10 +205,11 @@ def _with_service(fit: ServerFit, service: dict[float, list[float]]) -> ServerFi
     server's service time.
 
     Saturated (``bench/ps.py``'s capacity at no nap) a server spends per
-    update more than the optimizer and the two transfers the simulator
-    charges it with on shared memory (the push copied in, the reply copied
-    out: ``2(latency + bytes/bandwidth)``): it checks the gradient and
-    copies the weights to reply from for each group. That rest, per byte
+    update more than the optimizer and the transfer the simulator charges
+    it with on shared memory (the push copied in, ``latency +
+    bytes/bandwidth``; the leader copies the reply in): it checks the
+    gradient and copies the weights to reply from for each group. That
+    rest, per byte
     at the capacity's shard size (the median over sizes; none if the
     optimizer and the transfers already take the whole service time), is
     added to ``seconds_per_byte``: the simulated server then serves as
@@ -216,9 +217,9 @@ def _with_service(fit: ServerFit, service: dict[float, list[float]]) -> ServerFi
     rests = []
     for shard, times in service.items():
         seconds = sorted(times)[len(times) // 2]
-        charged = fit.seconds(shard) + 2 * (
-            fit.transfer_latency_s + shard / fit.transfer_Bps if fit.transfer_Bps else 0
-        )
+        charged = fit.seconds(shard) + fit.transfer_latency_s
+        if fit.transfer_Bps:
+            charged += shard / fit.transfer_Bps
         if shard > 0:
             rests.append((seconds - charged) / shard)
     rest = sorted(rests)[len(rests) // 2]

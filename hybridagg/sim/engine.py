@@ -31,8 +31,8 @@ server, serving pushes (and rank 0's pulls) in arrival order: on its node
 of shared cores it copies a leader's push in itself, as the receiver of a
 large message on shared memory does; its update costs ``server_update_s +
 master bytes x server_byte_s`` of its host's time (the float32 master
-weights of its shard, whatever the wire); it copies the reply out to a
-leader on its node. With
+weights of its shard, whatever the wire); a leader on its node copies the
+reply in itself. With
 ``SimJob.server_bank`` (:func:`hybridagg.sim.job.bank_servers`: 4,096
 pushes a round or more, interchangeable servers) the servers are one bank:
 one host behind their links side by side, one actor, a push and a reply
@@ -45,9 +45,11 @@ in the reducer's order, each starting when backward has filled its bucket
 (the profile's bucket schedule), so it overlaps the rest of backward as in
 a run; the buckets before the last run on a second actor per rank (the
 reducer's progress), fed through semaphores, and the worker runs the last
-one itself. A ring all-reduce bucket is one flow per ring link: its
-``2(n-1)`` phases move the same ``bytes/n`` over the same links in turn, so
-one flow per link carries all of them (``2(n-1)/n x bytes``) and the
+one itself. A ring all-reduce bucket is one flow per ring link, started once every
+rank of the group has the bucket (each phase needs the neighbour's data,
+so no rank's copies run ahead): its ``2(n-1)`` phases move the same
+``bytes/n`` over the same links in turn, so one flow per link carries all
+of them (``2(n-1)/n x bytes``) and the
 phases' remaining ``2n-3`` latencies are slept; every bucket so pays
 ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, at one simulated
 transfer per rank, not ``2(n-1)`` (a Python actor costs about 150 us per
@@ -499,6 +501,10 @@ class _Sim:
             box = self.sg.Mailbox.by_name("pull")
             for _ in self.server_host:
                 box.get()
+            part = job.master_bytes / len(self.server_host)
+            for server in self.server_host:  # copied in from a server here
+                if server.name == host.name:
+                    self.transfer(server, host, part, server=True)
             # the pulled weights copied out, then into the evaluated model
             self._execute(2 * job.workers[0].get("copy_s", 0.0))
         # (work on rank 0's host: on shared cores it contends with the rest)
@@ -510,12 +516,10 @@ class _Sim:
         job = self.job
         count = len(self.server_host)
         self._execute(job.workers[0].get("copy_s", 0.0) / count)
+        # to rank 0 on this node of shared cores a notice: it copies the
+        # weights in itself (:meth:`_validate`)
         part = job.master_bytes / count
-        rank0 = self.worker_host[0]
-        size = part
-        if rank0.name == host.name:  # a memory copy, then a notice
-            self.transfer(host, rank0, part, server=True)
-            size = 0
+        size = 0 if self.worker_host[0].name == host.name else part
         self.sg.Mailbox.by_name("pull").put_init(PULL, round(size)).detach()
 
     # ----------------------------------------------------- the reduction
@@ -532,11 +536,13 @@ class _Sim:
         host = self.worker_host[ranks[position]]
         nxt = self.worker_host[ranks[(position + 1) % n]]
         ready, done = self.reduction[ranks[position]]
+        joined = self.groups_shared[group]["ring_barrier"]
         per_link = 2 * (n - 1) / n * job.grad_bytes
         rest = (2 * n - 3) * self._ring_latency(ranks, True)
         while True:
             for _ready, share in job.buckets[:-1]:  # (the worker runs the last)
                 ready.acquire()
+                joined.wait()  # a ring moves once every rank has the bucket
                 self.transfer(host, nxt, per_link * share)
                 if rest > 0:
                     sg.this_actor.sleep_for(rest)
@@ -551,6 +557,8 @@ class _Sim:
         n = len(ranks)
         host = self.worker_host[ranks[position]]
         if not job.hierarchical:
+            if n > 1:  # a ring moves once every rank has the bucket
+                self.groups_shared[group]["ring_barrier"].wait()
             self.transfer(
                 host, self.worker_host[ranks[(position + 1) % n]],
                 2 * (n - 1) / n * job.grad_bytes * share,
@@ -738,7 +746,6 @@ class _Sim:
         if samples is None:
             samples = sum(job.workers[r]["batch"] for r in ranks)
         host = self.worker_host[ranks[0]]
-        me = shared["mailbox"]
         shard = self.group_shard[group]
         # (a pipeline's stages: their parts' copies are not modelled)
         copy = (
@@ -748,7 +755,7 @@ class _Sim:
         )
         bcast = False
         if shared["pending"]:  # --overlap: the previous push's replies
-            shared["weights"] = max(me.get() for _ in self.server_host)
+            shared["weights"] = self._replies(group, host)
             shared["pending"] = False
             self._execute(copy)  # the weights into the model
             bcast = True
@@ -762,7 +769,7 @@ class _Sim:
             box.put_init((group, shared["computed_on"], samples), round(size)).detach()
         shared["pending"] = True
         if not job.overlap:
-            shared["weights"] = max(me.get() for _ in self.server_host)
+            shared["weights"] = self._replies(group, host)
             shared["pending"] = False
             self._execute(copy)  # the weights into the model
             bcast = True
@@ -811,13 +818,23 @@ class _Sim:
         """Send the new weights of this shard to ``group``'s leader (of a
         pipelined group: its first stage's part of the shard)."""
         leader_host = self.worker_host[self.job.groups[group][0]]
-        shard = self.group_shard[group]
-        size = shard
-        if leader_host.name == host.name:  # a memory copy, then a notice
-            self.transfer(host, leader_host, shard, server=True)
-            size = 0
+        # to a leader on this node of shared cores a notice: the leader
+        # copies the reply in itself (:meth:`_replies`)
+        size = 0 if leader_host.name == host.name else self.group_shard[group]
         box = self.groups_shared[group]["mailbox"]
         box.put_init(version, round(size)).detach()
+
+    def _replies(self, group: int, host) -> int:
+        """The leader of ``group`` (on ``host``) takes every server's reply,
+        copying in those from servers on its node of shared cores (the
+        receiver of a large message on shared memory copies it); returns
+        the newest version."""
+        me = self.groups_shared[group]["mailbox"]
+        version = max(me.get() for _ in self.server_host)
+        for server in self.server_host:
+            if server.name == host.name:
+                self.transfer(server, host, self.group_shard[group], server=True)
+        return version
 
     def _start_leader(self, group: int) -> None:
         """The leader's mailbox takes replies at once (they move while it computes)."""
@@ -834,6 +851,9 @@ class _Sim:
         self.groups_shared = [
             {
                 "barrier": sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
+                # the group's rings: every rank's hop of a bucket starts once
+                # every rank has it (each phase needs its neighbour's data)
+                "ring_barrier": sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
                 "mailbox": sg.Mailbox.by_name(f"leader{g}"),
                 "bcast": False,
                 "stop": False,
