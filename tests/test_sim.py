@@ -841,10 +841,11 @@ def test_a_paced_step_is_the_pacers_time_then_the_backward_it_cannot_hide(sample
 def test_sync_workers_update_the_model_after_the_reduction():
     # every worker steps the optimizer once the all-reduce is done
     bw, lat = 1e9, 1e-4
-    own = replace(PROFILE, update_s=0.01, copy_s=0.004)
+    own = replace(PROFILE, grad_s=0.002, update_s=0.01, copy_s=0.004)
     job = build_job(options(steps=4), gpus(2, bw, lat), own)
     assert [w["update_s"] for w in job.workers] == [0.01, 0.01]
-    step = 32 * 0.003 + ring_allreduce_seconds(2, 1e8, bw, lat) + 0.01
+    # (and each step's gradient zeroed and checked; sync copies nothing)
+    step = 32 * 0.003 + ring_allreduce_seconds(2, 1e8, bw, lat) + 0.01 + 0.002
     assert simulate(job).time_s == pytest.approx(4 * step, rel=1e-9)
     assert 64 / estimate(job).samples_per_sec == pytest.approx(step, rel=1e-9)
 
@@ -936,8 +937,10 @@ def test_profile_measures_a_workers_own_update_and_leaves_the_weights(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
     before = [p.detach().clone() for p in model.parameters()]
     model(torch.ones(3, 8)).sum().backward()
-    update_s, copy_s = measure_worker_update(model, OptimOptions(lr=0.5), reps=2)
-    assert update_s > 0 and copy_s > 0
+    grad_s, update_s, copy_s = measure_worker_update(
+        model, OptimOptions(lr=0.5), reps=2
+    )
+    assert grad_s > 0 and update_s > 0 and copy_s > 0
     for p, w in zip(model.parameters(), before, strict=True):
         assert torch.equal(p.detach(), w) and p.grad is None
     path = tmp_path / "p.json"

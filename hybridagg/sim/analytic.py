@@ -195,7 +195,8 @@ def _on_host(job: SimJob, rank: int, amount: float) -> float:
 
 def own_work_seconds(job: SimJob, group: list[int]) -> float:
     """A group's own work per update besides compute and communication
-    (stretched on shared cores): sync, every worker's update of the model;
+    (stretched on shared cores): every worker's gradient zeroed and
+    checked; sync, every worker's update of the model;
     with servers, the leader's copies (the gradient flattened, the reply's
     weights copied in and, in a group of several, flattened again for the
     broadcast) and then a member's copy of them into its model."""
@@ -205,14 +206,15 @@ def own_work_seconds(job: SimJob, group: list[int]) -> float:
         stretch = _share(job, job.workers[rank]["node"], counts)
         return _on_host(job, rank, job.workers[rank].get(key, 0.0)) * stretch
 
-    if job.mode == "sync" or not job.servers:
-        return max(seconds(r, "update_s") for r in group)
     if _pipeline(job, group) is not None:
         return 0.0  # (a pipeline's stages: not modelled)
+    grads = max(seconds(r, "grad_s") for r in group)
+    if job.mode == "sync" or not job.servers:
+        return grads + max(seconds(r, "update_s") for r in group)
     leader = seconds(group[0], "copy_s")
     if len(group) == 1:
-        return 2 * leader
-    return 3 * leader + max(seconds(r, "copy_s") for r in group[1:])
+        return grads + 2 * leader
+    return grads + 3 * leader + max(seconds(r, "copy_s") for r in group[1:])
 
 
 def group_step_seconds(job: SimJob, group: list[int]) -> float:
@@ -735,6 +737,7 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                 )
                 copies = (2 + (size > 1)) if i == 0 else 1
                 seconds += copies * _on_host(job, r, job.workers[r].get("copy_s", 0.0))
+                seconds += _on_host(job, r, job.workers[r].get("grad_s", 0.0))
                 nxt = job.workers[g[(i + 1) % size]]["node"]
                 if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
                     seconds += 2 * (size - 1) / size * job.grad_bytes / copy

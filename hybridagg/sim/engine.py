@@ -25,8 +25,9 @@ the servers and waits for their replies (hybrid, async; with ``--overlap``
 the replies of the previous push, so the exchange runs during the step);
 it flattens the gradient before and copies the reply's weights into its
 model after (``copy_s``), and in a group of several flattens them again
-for the broadcast, which each member copies in. Sync workers update the
-model themselves after the reduction (``update_s``). One actor per
+for the broadcast, which each member copies in. Every worker zeroes its
+gradient and checks the reduced one each step (``grad_s``); sync workers
+update the model themselves after the reduction (``update_s``). One actor per
 server, serving pushes (and rank 0's pulls) in arrival order: on its node
 of shared cores it copies a leader's push in itself, as the receiver of a
 large message on shared memory does; its update costs ``server_update_s +
@@ -351,6 +352,8 @@ class _Sim:
             if pool:
                 mine = self._claim(held, batch)
                 shared["samples_of"][position] = mine  # summed after the barrier
+            # the gradient zeroed (and, after the reduction, checked)
+            self._execute(job.workers[rank].get("grad_s", 0.0))
             self._compute(rank, mine, releases)
             if reduction is not None:
                 reduction[1].acquire()

@@ -78,8 +78,9 @@ class SimJob:
             ``seconds_per_sample`` (at speed 1 of its host: the amount an
             execution carries), ``batch``; its own work besides compute and
             communication, seconds at speed 1 executed on its host (0: not
-            modelled): ``update_s``, the update of the whole model after a
-            sync reduction (the finite check and the optimizer step), and
+            modelled): ``grad_s``, zeroing the gradient and checking the
+            reduced one each step; ``update_s``, the update of the whole
+            model after a sync reduction (the optimizer step); and
             ``copy_s``, one copy of the whole model between its tensors and
             a flat buffer (with servers a leader flattens the gradient
             before a push and copies the reply's weights in; in a group of
@@ -374,6 +375,7 @@ def build_job(
                         "device": d,
                         "seconds_per_sample": own.sample_seconds,
                         "batch": options.batch_size,
+                        "grad_s": own.grad_s,
                         "update_s": own.update_s,
                         "copy_s": own.copy_s,
                         "paced_tail": (

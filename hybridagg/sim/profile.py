@@ -23,9 +23,10 @@ Every figure is in seconds, bytes or bytes per second:
   its measured capacity);
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
 * ``worker``: a worker's own work per update besides compute and
-  communication, on the profiled device: ``update_s``, the finite check
-  and the run's optimizer step over the whole model (sync mode's, on every
-  worker after the reduction), and ``copy_s``, one copy of the whole model
+  communication, on the profiled device: ``grad_s``, zeroing the gradient
+  before a step and checking the reduced one (every worker, every step),
+  ``update_s``, the run's optimizer step over the whole model (sync mode's,
+  on every worker after the reduction), and ``copy_s``, one copy of the whole model
   between its tensors and a flat buffer (with servers: the leader flattens
   the gradient before a push and copies the reply's weights into the
   model; in a group of several ranks it flattens the weights for the
@@ -188,10 +189,14 @@ class Profile:
     """the samples that validation went over"""
     units: tuple[UnitCost, ...] = ()
     """the model's pipeline units in order (empty: it cannot be pipelined)"""
+    grad_s: float = 0.0
+    """seconds of a worker's gradient bookkeeping each step on the profiled
+    device: zeroing the gradient before backward and checking that the
+    reduced one is finite (every mode); 0: not measured"""
     update_s: float = 0.0
     """seconds of a worker's own update of the whole model on the profiled
-    device: the finite check of the gradient and the run's optimizer step
-    (every worker's after a sync reduction); 0: not measured"""
+    device: the run's optimizer step (every worker's after a sync
+    reduction); 0: not measured"""
     copy_s: float = 0.0
     """seconds of one copy of the whole model between its tensors and a
     flat buffer on the profiled device (a push's flattened gradient, a
@@ -469,6 +474,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         ),
         validation_samples=vsamples,
         units=units,
+        grad_s=_check(where, "grad_s", data.get("grad_s", 0.0), zero=True),
         update_s=_check(where, "update_s", data.get("update_s", 0.0), zero=True),
         copy_s=_check(where, "copy_s", data.get("copy_s", 0.0), zero=True),
         notes=notes,

@@ -27,9 +27,10 @@ phase, then every rank for the all-reduce), written as a
   over shards of several sizes on the CPU, fitted to
   ``seconds = per_update + bytes x per_byte`` (least squares);
 * one core's memory-copy bandwidth (``torch`` copy of 64 MiB, best of reps);
-* a worker's own work per update (:func:`measure_worker_update`): the
-  finite check and the run's optimizer step over the whole model (every
-  sync worker's after the reduction), and one copy of the model into a
+* a worker's own work per update (:func:`measure_worker_update`): zeroing
+  the gradient and checking it is finite (every step), the run's optimizer
+  step over the whole model (every sync worker's after the reduction), and
+  one copy of the model into a
   flat buffer (a leader's flattened push, a reply's weights copied in);
 * with a data file: one validation as ``hybridagg train`` runs it on rank 0
   every ``--eval-every`` updates (:class:`~hybridagg.train.evaluate.Evaluator`
@@ -252,12 +253,13 @@ def measure_worker_update(
     reps: int,
     *,
     synchronize: bool = False,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """A worker's own work per update on ``model``'s device (its gradients
-    filled): ``(update_s, copy_s)``.
+    filled): ``(grad_s, update_s, copy_s)``.
 
-    ``update_s`` is the finite check of the gradient and the run's optimizer
-    step (:func:`~hybridagg.train.common.make_optimizer`), what every sync
+    ``grad_s`` is zeroing the gradient and checking it is finite, what every
+    worker does each step; ``update_s`` the run's optimizer step
+    (:func:`~hybridagg.train.common.make_optimizer`), what every sync
     worker does after the reduction; ``copy_s`` is one copy of the whole
     model into a flat buffer, what a leader does to push a gradient and
     (the other way) to load a reply's weights. The model's weights are
@@ -267,7 +269,7 @@ def measure_worker_update(
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     saved = [p.detach().clone() for p in params]
     for p in params:
         if p.grad is None:
@@ -280,22 +282,24 @@ def measure_worker_update(
         if synchronize:
             torch.cuda.synchronize(flat.device)
 
-    def update() -> None:
+    def bookkeeping() -> None:
+        for g in grads:  # (a run zeroes its reduction buckets, views of these)
+            g.zero_()
         all_finite(grads)
-        optimizer.step()
 
     def copy() -> None:
         torch.cat([g.reshape(-1) for g in grads], out=flat)
 
     try:
-        update_s = _timed(update, reps, sync)
+        update_s = _timed(optimizer.step, reps, sync)
+        grad_s = _timed(bookkeeping, reps, sync)
         copy_s = _timed(copy, reps, sync)
     finally:
         with torch.no_grad():
             for p, w in zip(params, saved, strict=True):
                 p.copy_(w)
                 p.grad = None
-    return update_s, copy_s
+    return grad_s, update_s, copy_s
 
 
 def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
@@ -467,7 +471,9 @@ def profile_model(
     )
     per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
     memcpy = measure_memcpy(reps)
-    update_s, copy_s = measure_worker_update(model, cfg, reps, synchronize=synchronize)
+    grad_s, update_s, copy_s = measure_worker_update(
+        model, cfg, reps, synchronize=synchronize
+    )
     validation_s, validation_samples = (
         measure_validation(
             model, data, reps, loss=loss, device=device, synchronize=synchronize
@@ -500,6 +506,7 @@ def profile_model(
         validation_s=validation_s,
         validation_samples=validation_samples,
         units=units,
+        grad_s=grad_s,
         update_s=update_s,
         copy_s=copy_s,
         notes={
