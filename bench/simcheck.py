@@ -7,6 +7,7 @@ One command calibrates, trains and simulates (it starts the MPI jobs itself)::
         --json simcheck-10g.json          # the emulated cluster (it must be up)
     python bench/simcheck.py --from-json simcheck.json simcheck-10g.json
     python bench/simcheck.py --from-json simcheck.json --repredict --json again.json
+    python bench/simcheck.py --from-json simcheck.json --repredict --recalibrate --json again.json
 
 Cells (``--cells``): the digits headline (``mlp``, 6 epochs, ``--sample-ms
 1``) at ``1x``, ``4x``, ``8x`` and ``change`` (bench/hetero.py's levels: two
@@ -301,6 +302,7 @@ def calibrate(profile: Path, allreduce_json: Path, ps_json: Path, out: Path) -> 
     save_profile(calibrated, out)
     return {
         "profile": str(out),
+        "raw_profile": str(profile),
         "how": "hybridagg.sim.calibrate on bench/allreduce.py and bench/ps.py",
         "content": json.loads(out.read_text()),
     }
@@ -446,6 +448,25 @@ def predict(argv: list[str], timeout: float) -> dict:
         return json.loads(out.read_text())
 
 
+def recalibrate(calibration: list[dict]) -> list[dict]:
+    """Each sitting's microbenchmarks fitted again by this calibration code
+    (its raw profile, ``bench/allreduce.py`` and ``bench/ps.py`` outputs as
+    they were measured); the calibrated profiles the predictions name are
+    rewritten in place. Nothing is fitted to the runs."""
+    out = []
+    for rec in calibration:
+        path = Path(rec["profile"])
+        raw = rec.get("raw_profile") or str(
+            path.with_name(f"profile-{rec['model']}.json")
+        )
+        new = calibrate(
+            Path(raw), Path(rec["allreduce_json"]), Path(rec["ps_json"]), path
+        )
+        out.append({**rec, **new})
+        print(f"# recalibrated {path}", flush=True)
+    return out
+
+
 def repredict(predictions: list[dict], timeout: float) -> list[dict]:
     """The same (cell, mode) predictions by this simulator: each one's own
     ``hybridagg simulate`` options again (its calibrated profile, fitted on
@@ -553,19 +574,29 @@ def main(argv: list[str] | None = None) -> int:
         "--from-json", nargs="+", help="rebuild the table from these --json files"
     )
     p.add_argument(
-        "--repredict", action="store_true",
+        "--repredict",
+        action="store_true",
         help="with --from-json: simulate their cells again (this simulator, their "
         "calibrated profiles and options); the real runs are theirs",
+    )
+    p.add_argument(
+        "--recalibrate", action="store_true",
+        help="with --repredict: first fit each sitting's microbenchmarks again "
+        "with this calibration code (rewrites their calibrated profiles)",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.repredict and not args.from_json:
         raise SystemExit("--repredict needs --from-json FILE")
+    if args.recalibrate and not args.repredict:
+        raise SystemExit("--recalibrate needs --repredict")
     if args.from_json:
         data: dict = {"calibration": [], "records": [], "predictions": []}
         for path in args.from_json:
             got = json.loads(Path(path).read_text())
             for key in data:
                 data[key] += got.get(key, [])
+        if args.recalibrate:
+            data["calibration"] = recalibrate(data["calibration"])
         if args.repredict:
             data["predictions"] = repredict(data["predictions"], args.timeout)
     else:

@@ -230,9 +230,12 @@ def test_server_is_timed_with_the_runs_optimizer(monkeypatch):
 
     monkeypatch.setattr(store, "ShardStore", spy)
     cfg = OptimOptions(optimizer="adamw", lr=0.01, weight_decay=0.1)
-    per_update, per_byte, points = measure_server(cfg, (1 << 10, 1 << 14), 1)
+    per_update, per_byte, points, ahead = measure_server(cfg, (1 << 10, 1 << 14), 1)
     assert len(points) == 2 and per_update >= 0 and per_byte >= 0
+    assert ahead >= 0.0
     assert {spec.optimizer for spec in built} == {torch.optim.AdamW}
+    sgd = OptimOptions(optimizer="sgd", lr=0.01, momentum=0.9)
+    assert measure_server(sgd, (1 << 16, 1 << 20), 1)[3] > 0
     assert built[0].hyper[0]["weight_decay"] == 0.1 and built[0].hyper[0]["lr"] == 0.01
 
 

@@ -26,6 +26,7 @@ for this machine (see there).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -216,13 +217,15 @@ def _with_service(fit: ServerFit, service: dict[float, list[float]]) -> ServerFi
     fast as the measured one."""
     rests = []
     for shard, times in service.items():
-        seconds = sorted(times)[len(times) // 2]
+        # (the leader counts measured are one server's cost, seen under
+        # different contention: their median)
+        seconds = statistics.median(times)
         charged = fit.seconds(shard) + fit.transfer_latency_s
         if fit.transfer_Bps:
             charged += shard / fit.transfer_Bps
         if shard > 0:
             rests.append((seconds - charged) / shard)
-    rest = sorted(rests)[len(rests) // 2]
+    rest = statistics.median(rests)
     if rest <= 0:
         return fit
     return replace(fit, seconds_per_byte=fit.seconds_per_byte + rest)

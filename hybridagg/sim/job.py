@@ -62,6 +62,8 @@ class JobOptions(Protocol):
     wire: str
     steps: int | None
     epochs: int | None
+    # (read when present) lookahead: --lookahead, the servers' momentum
+    # lookahead on every reply
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,9 @@ class SimJob:
         master_bytes: Bytes of the servers' float32 master weights (what an
             update walks, whatever the wire).
         server_update_s: A server's fixed seconds per update.
-        server_byte_s: A server's seconds per byte of its shard.
+        server_byte_s: A server's seconds per byte of its shard (with
+            ``--lookahead``, also the reply's weights moved along the
+            momentum: the profile's ``lookahead_per_byte``).
         overlap: A leader's exchange overlaps its group's next step.
         steps: Updates to simulate (sync: all-reduces; else server versions).
         target_samples: Or samples to train (epochs x the data's samples).
@@ -412,7 +416,12 @@ def build_job(
         "grad_bytes": profile.gradient_bytes(options.wire),
         "master_bytes": profile.gradient_bytes("fp32"),
         "server_update_s": profile.server.seconds_per_update,
-        "server_byte_s": profile.server.seconds_per_byte,
+        "server_byte_s": profile.server.seconds_per_byte
+        + (
+            profile.server.lookahead_per_byte
+            if getattr(options, "lookahead", False) and options.mode != "sync"
+            else 0.0
+        ),
         "overlap": bool(options.overlap),
         "staleness_bound": options.staleness_bound,
         "forward_share": (

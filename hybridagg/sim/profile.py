@@ -139,6 +139,10 @@ class ServerFit:
     copies or links then carry it)"""
     capacity: tuple[tuple[float, float, float], ...] = ()
     """the measured capacity: (leaders, bytes of the model, updates per second)"""
+    lookahead_per_byte: float = 0.0
+    """seconds per byte of a shard to move a reply's weights along the
+    momentum (``--lookahead``, on by default in hybrid and async; 0: not
+    measured)"""
 
     def seconds(self, nbytes: float) -> float:
         """The time of one update of a shard of ``nbytes``."""
@@ -372,6 +376,12 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
             f"{where}server.", "transfer_Bps", srv.get("transfer_Bps", 0.0), zero=True
         ),
         capacity=_capacity(f"{where}server.", srv.get("capacity", [])),
+        lookahead_per_byte=_check(
+            f"{where}server.",
+            "lookahead_per_byte",
+            srv.get("lookahead_per_byte", 0.0),
+            zero=True,
+        ),
     )
     mach = _section(data, "machine", where)
     cores = _need(mach, "cores", f"{where}machine.")

@@ -299,6 +299,7 @@ class _Options:
     wire: str = "fp32"
     steps: int | None = 1
     epochs: int | None = None
+    lookahead: bool = True  # (the run's default: a plan does not change it)
     pipeline_groups: str | None = None
     micro_batches: int = 4
     pipeline_schedule: str = "1f1b"

@@ -318,8 +318,10 @@ def measure_memcpy(reps: int, nbytes: int = 64 << 20) -> float:
 
 def measure_server(
     cfg: OptimOptions, sizes: Sequence[int], reps: int
-) -> tuple[float, float, list[tuple[float, float]]]:
-    """A server's seconds per update and per byte (shards of ``sizes`` elements).
+) -> tuple[float, float, list[tuple[float, float]], float]:
+    """A server's seconds per update and per byte (shards of ``sizes``
+    elements), the points, and its seconds per byte of a reply's momentum
+    lookahead (``--lookahead``: the weights moved along the momentum).
 
     The optimizer is the run's (:func:`~hybridagg.train.common.make_optimizer`
     over a parameter of the shard's size), handed to the
@@ -332,7 +334,7 @@ def measure_server(
     from ..runtime import envvars
 
     part_bytes = envvars.get_int("HYBRIDAGG_PS_PART_BYTES")
-    points = []
+    points, ahead = [], []
     for numel in sizes:
         holder = nn.ParameterList([nn.Parameter(torch.zeros(numel))])
         optimizer = make_optimizer(cfg, holder)
@@ -355,8 +357,17 @@ def measure_server(
                 store.apply(part, [cfg.lr], 1.0)
 
         points.append((float(numel * 4), _timed(update, reps)))
+        # --lookahead: each reply's weights moved along the momentum
+        # (the store's momentum exists once it has updated)
+        replies = [store.flat[a:b].clone() for a, b in store.parts]
+
+        def lookahead(store=store, replies=replies) -> None:
+            for part, out in enumerate(replies):
+                store.predict(part, out, [cfg.lr], 1.0)
+
+        ahead.append((float(numel * 4), _timed(lookahead, reps)))
     per_update, per_byte = fit_line(points)
-    return per_update, per_byte, points
+    return per_update, per_byte, points, fit_line(ahead)[1]
 
 
 def measure_validation(
@@ -469,7 +480,7 @@ def profile_model(
         synchronize=synchronize,
         amp=amp,
     )
-    per_update, per_byte, server_points = measure_server(cfg, server_sizes, reps)
+    per_update, per_byte, server_points, ahead = measure_server(cfg, server_sizes, reps)
     memcpy = measure_memcpy(reps)
     grad_s, update_s, copy_s = measure_worker_update(
         model, cfg, reps, synchronize=synchronize
@@ -493,7 +504,9 @@ def profile_model(
             sum(p.numel() * p.element_size() for p in model.parameters())
         ),
         activation_bytes_per_sample=measured["activation_bytes_per_sample"],
-        server=ServerFit(per_update, per_byte, tuple(server_points)),
+        server=ServerFit(
+            per_update, per_byte, tuple(server_points), lookahead_per_byte=ahead
+        ),
         machine=MachineInfo(
             cores=len(os.sched_getaffinity(0)),
             memcpy_Bps=memcpy,
