@@ -79,7 +79,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .job import SimJob
+from .job import PULL_COPIES, SimJob
 from .routes import link_between, up_link
 
 __all__ = [
@@ -528,15 +528,16 @@ def _updates_per_sec(job: SimJob, phase: Estimate) -> float:
 
 def validation_seconds(job: SimJob) -> float:
     """One of rank 0's validations: the pull of the weights (with servers,
-    each server's part after another, then rank 0's two copies of the
-    model: out of the reply, into the evaluated model) and the evaluation
+    each server's part after another, then rank 0's copies of the model
+    around it: :data:`~.job.PULL_COPIES`) and the evaluation
     itself (stretched on shared cores); the pull's wait in the servers'
     queue is :func:`_with_validation`'s."""
     mine = job.workers[0]["node"]
     stretch = _share(job, mine, _node_counts(job))
     seconds = job.validation_s * stretch
     if job.validation_pull and job.servers:
-        seconds += 2 * _on_host(job, 0, job.workers[0].get("copy_s", 0.0)) * stretch
+        copies = PULL_COPIES * _on_host(job, 0, job.workers[0].get("copy_s", 0.0))
+        seconds += copies * stretch
         part = job.master_bytes / len(job.servers)
         for server in job.servers:
             if server["node"] == mine and job.nodes[mine]["shared"]:

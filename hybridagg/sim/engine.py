@@ -64,7 +64,7 @@ Rank 0 validates every ``--eval-every`` updates, as a run does (the
 profile's ``validation_s``, executed on its host; with servers after
 pulling the weights: a request queued at each server behind the pushes
 before it, the server's copy of its part and the transfer, then rank 0's
-two copies, out of the reply and into the evaluated model): a run's wall
+copies around it, :data:`PULL_COPIES`): a run's wall
 time, and so its samples per second, includes it; in sync every rank
 waits for it at the next reduction, in hybrid its group at the next barrier.
 Hybrid and async runs of a number of samples (``--epochs``) draw them as a
@@ -85,7 +85,7 @@ from typing import Any
 
 from ..ps.staleness import GroupBook, HeldReply
 from ._simgrid import load
-from .job import SimJob
+from .job import PULL_COPIES, SimJob
 
 __all__ = ["main", "run"]
 
@@ -508,8 +508,7 @@ class _Sim:
             for server in self.server_host:  # copied in from a server here
                 if server.name == host.name:
                     self.transfer(server, host, part, server=True)
-            # the pulled weights copied out, then into the evaluated model
-            self._execute(2 * job.workers[0].get("copy_s", 0.0))
+            self._execute(PULL_COPIES * job.workers[0].get("copy_s", 0.0))
         # (work on rank 0's host: on shared cores it contends with the rest)
         self._execute(job.validation_s * host.speed)
 

@@ -34,6 +34,7 @@ from .routes import link_between
 __all__ = [
     "BANK_MIN_FLOWS",
     "LOADER_CLAIM_AHEAD",
+    "PULL_COPIES",
     "JobOptions",
     "SimJob",
     "bank_servers",
@@ -64,6 +65,13 @@ class JobOptions(Protocol):
     epochs: int | None
     # (read when present) lookahead: --lookahead, the servers' momentum
     # lookahead on every reply
+
+
+PULL_COPIES = 4
+"""Copies of the model rank 0 makes around a validation's pull, as
+:meth:`hybridagg.ps.exchange.GroupExchange.pull` and the validation do:
+the model's weights set aside, the pulled ones copied out, the model's put
+back, the pulled ones loaded into the evaluated copy of the model."""
 
 
 @dataclass(frozen=True)
