@@ -459,9 +459,14 @@ def recalibrate(calibration: list[dict]) -> list[dict]:
         raw = rec.get("raw_profile") or str(
             path.with_name(f"profile-{rec['model']}.json")
         )
-        new = calibrate(
-            Path(raw), Path(rec["allreduce_json"]), Path(rec["ps_json"]), path
-        )
+        inputs = [Path(raw), Path(rec["allreduce_json"]), Path(rec["ps_json"])]
+        missing = [str(p) for p in inputs if not p.exists()]
+        if missing:
+            raise SystemExit(
+                f"--recalibrate: {', '.join(missing)} no longer exist (run the "
+                "sitting with --work DIR to keep its microbenchmarks)"
+            )
+        new = calibrate(*inputs, path)
         out.append({**rec, **new})
         print(f"# recalibrated {path}", flush=True)
     return out
@@ -582,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--recalibrate", action="store_true",
         help="with --repredict: first fit each sitting's microbenchmarks again "
-        "with this calibration code (rewrites their calibrated profiles)",
+        "with this calibration code (rewrites their calibrated profiles; needs "
+        "the sitting's --work files; a profile keeps the fields it was measured "
+        "with)",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.repredict and not args.from_json:

@@ -948,3 +948,52 @@ def test_profile_measures_a_workers_own_update_and_leaves_the_weights(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="update_s must be >= 0"):
         load_profile(path)
+
+
+@needs_simgrid
+def test_a_ring_waits_for_its_slowest_rank_before_any_copy_runs():
+    # four paced ranks on two shared cores, rank 3 four times slower: every
+    # rank's hop of the ring starts once rank 3 has the bucket (a phase
+    # needs its neighbour's data), so the four copies share the two cores
+    # then, not while rank 3 sleeps
+    from hybridagg.sim import machine_cluster
+
+    profile = replace(PACED, machine=MachineInfo(cores=2, memcpy_Bps=5e9))
+    job = build_job(
+        options(steps=2, sample_ms=1.0, slowdown="3:4"),
+        machine_cluster(profile, 4, 0),
+        profile,
+    )
+    copy = 2 * 3 / 4 * 1e8 / 5e9  # a rank's hop: 30 ms of one core
+    step = 32 * 0.004 + 4 * copy / 2  # rank 3's target, then 4 copies on 2 cores
+    assert simulate(job).time_s == pytest.approx(2 * step, rel=1e-6)
+    assert 128 / estimate(job).samples_per_sec == pytest.approx(step, rel=1e-6)
+
+
+@needs_simgrid
+def test_on_shared_cores_a_server_copies_pushes_in_and_leaders_copy_replies():
+    # four async leaders, paced to push far faster than one server on their
+    # node serves: the server's service is its update and the push's copy;
+    # the replies' copies are the leaders' own
+    from hybridagg.sim import machine_cluster
+
+    server = ServerFit(
+        seconds_per_update=0.004, seconds_per_byte=0.0,
+        transfer_latency_s=0.0, transfer_Bps=1e9,
+    )  # fmt: skip
+    profile = replace(
+        PACED,
+        parameters=2_500_000,  # a 10 MB gradient: 10 ms a copy
+        server=server,
+        machine=MachineInfo(cores=2, memcpy_Bps=5e9),
+    )
+    job = build_job(
+        options(mode="async", servers=1, steps=200, sample_ms=0.01, batch_size=1),
+        machine_cluster(profile, 4, 1),
+        profile,
+    )
+    service = 0.004 + 1e7 / 1e9
+    prediction = simulate(job)
+    assert prediction.updates / prediction.time_s == pytest.approx(
+        1 / service, rel=0.03
+    )

@@ -129,11 +129,13 @@ def alloc(
     buffer that a GPU's tensors are copied to and from (the copies then run
     as asynchronous DMA); ignored where CUDA is not available.
 
-    The pages are touched here (written, zeros either way): a communication
-    buffer is used whole, and most are made before training starts, so
-    their page faults fall in the set-up instead of inside the first step's
-    transfers (with the ResNet-50 twin's 94 MB they had made a first push
-    take 0.2-0.3 s longer on a loaded machine).
+    The pages of numpy-backed memory are touched here (written with zeros,
+    whatever ``zero`` says): a communication buffer is used whole, and most
+    are made before training starts, so their page faults fall in the
+    set-up instead of inside the first step's transfers (with the ResNet-50
+    twin's 94 MB they had made a first push take 0.2-0.3 s longer on a
+    loaded machine). ``zero=False`` only spares the other paths (pinned
+    memory, dtypes numpy lacks) their zero fill.
     """
     if pinned and torch.cuda.is_available():
         return (torch.zeros if zero else torch.empty)(

@@ -65,9 +65,7 @@ class ServerOptimizer(DistributedOptimizer, modes=("hybrid", "async")):
             )
             reducer.on_final = self._bucket_final
         elif self.topology.is_leader:
-            # the flat gradient unstreamed pushes are sent from, made now (its
-            # page faults in the set-up, not inside the first push)
-            self._exchange.client.flat_grad  # noqa: B018
+            self._exchange.client.prepare_flat_grad()
 
     _per_group = True
 

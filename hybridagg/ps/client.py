@@ -169,6 +169,11 @@ class PSClient:
             ]
             ps.wait([req for req, _ in pending], "parameter-server start-up")
 
+    def prepare_flat_grad(self) -> None:
+        """Make the flat gradient now (unstreamed pushes): made at the first
+        push instead, its page faults fall inside that push."""
+        self.flat_grad  # noqa: B018  (the property makes it)
+
     @property
     def flat_grad(self) -> torch.Tensor:
         """The flat gradient an unstreamed push is sent from (allocated at first use)."""

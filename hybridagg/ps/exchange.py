@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm import all_finite
+from ..comm import all_finite, alloc
 from ..topology import Topology
 from .client import PSClient, RoundTrip
 from .compensation import Compensation
@@ -422,17 +422,18 @@ class GroupExchange:
             not isinstance(out, torch.Tensor)
             or out.shape != flat.shape
             or out.dtype != flat.dtype
+            or out.data_ptr() == flat.data_ptr()
         ):
             raise ValueError(
                 f"pull(out=...) needs a flat {flat.dtype} tensor of {flat.numel()} "
-                f"elements, got {_describe(out)}"
+                f"elements of its own, got {_describe(out)}"
             )
         if self.pending is not None:
             self._finish_pending()
         # the model's weights are kept aside while the pull lands where the
         # replies always do; the stash is made once and reused
         if self._stash is None:
-            self._stash = torch.empty_like(flat)
+            self._stash = alloc(flat.numel(), flat.dtype, pinned=self.client.pinned)
         self._stash.copy_(flat)
         self.client.complete(self.client.pull())
         fresh = flat.clone() if out is None else out.copy_(flat)

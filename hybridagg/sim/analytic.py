@@ -10,9 +10,10 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   batch (``SimJob.compute_seconds``; with ``--accumulate`` the buckets fill
   during the last pass) and reduces bucket after bucket as the reducer
   posts them: bucket ``b`` ends at ``max(ready_b, end_{b-1}) + latency +
-  bytes_b / bandwidth + (2n-3) latency``, every bucket paying the ring's
-  ``2(n-1)`` latencies; the step ends when the slowest member's last
-  bucket does. With one bucket that is compute plus the closed-form ring
+  bytes_b / bandwidth + (2n-3) latency``, ``ready_b`` and ``end_{b-1}``
+  the latest over the members (a ring moves once every member has the
+  bucket), every bucket paying the ring's ``2(n-1)`` latencies; the step
+  ends when the slowest member's last bucket does. With one bucket that is compute plus the closed-form ring
   ``2(n-1)(latency + bytes/(n bandwidth))`` exactly, as the simulator's
   own test checks. On a node of shared cores, compute that executes and
   the hops (memory copies, after the node's latency) share the cores: both
@@ -231,15 +232,26 @@ def group_step_seconds(job: SimJob, group: list[int]) -> float:
     hops = _hops(job, group, [(i, (i + 1) % n) for i in range(n)])
     rest = (2 * n - 3) * max(lat for _, lat, _ in hops)
     per_link = 2 * (n - 1) / n * job.grad_bytes
+    steps = [_compute_and_ready(job, r, counts) for r in group]
+    stretch = [_share(job, job.workers[r]["node"], counts) for r in group]
+    # a bucket's ring moves once every rank has it and is through the one
+    # before (each phase needs its neighbour's data), then each rank's hop
+    ends = [0.0] * n
+    for b, (_ready, share) in enumerate(job.buckets):
+        start = max(
+            max(ready[b], end) for (_, ready), end in zip(steps, ends, strict=True)
+        )
+        ends = [
+            start + lat + per_link * share / bw * (s if copy else 1.0) + rest
+            for (bw, lat, copy), s in zip(hops, stretch, strict=True)
+        ]
     slowest = 0.0
-    for i, r in enumerate(group):
-        compute, ready = _compute_and_ready(job, r, counts)
-        stretch = _share(job, job.workers[r]["node"], counts)
-        end = _bucket_chain(job, ready, hops[i], per_link, rest, stretch)
-        bw, lat, copy = hops[i]
+    for (compute, _), end, (bw, lat, copy), s in zip(
+        steps, ends, hops, stretch, strict=True
+    ):
         if copy:  # copies run on the cores compute uses: after it, at the least
             end = max(end, compute + len(job.buckets) * (lat + rest)
-                      + per_link / bw * stretch)  # fmt: skip
+                      + per_link / bw * s)  # fmt: skip
         slowest = max(slowest, end)
     return slowest
 
@@ -536,8 +548,10 @@ def validation_seconds(job: SimJob) -> float:
     stretch = _share(job, mine, _node_counts(job))
     seconds = job.validation_s * stretch
     if job.validation_pull and job.servers:
-        copies = PULL_COPIES * _on_host(job, 0, job.workers[0].get("copy_s", 0.0))
-        seconds += copies * stretch
+        copy = _on_host(job, 0, job.workers[0].get("copy_s", 0.0))
+        # rank 0's copies around the pull, and each server's of its part
+        # to reply from (one after another, as the parts arrive)
+        seconds += (PULL_COPIES * stretch + 1) * copy
         part = job.master_bytes / len(job.servers)
         for server in job.servers:
             if server["node"] == mine and job.nodes[mine]["shared"]:

@@ -196,7 +196,9 @@ def fit_server(
             transfer_latency_s=a / 2,
             transfer_Bps=2 / b if b > 0 else 0.0,
         )
-        if service:
+        if service and fit.transfer_Bps > 0:
+            # (round trips that did not grow with the bytes leave the push's
+            # copy to the node's copies, which the fit does not know)
             fit = _with_service(fit, service)
     return replace(fit, capacity=tuple(sorted(capacity)))
 
@@ -217,15 +219,14 @@ def _with_service(fit: ServerFit, service: dict[float, list[float]]) -> ServerFi
     fast as the measured one."""
     rests = []
     for shard, times in service.items():
+        if shard <= 0:
+            continue
         # (the leader counts measured are one server's cost, seen under
         # different contention: their median)
         seconds = statistics.median(times)
-        charged = fit.seconds(shard) + fit.transfer_latency_s
-        if fit.transfer_Bps:
-            charged += shard / fit.transfer_Bps
-        if shard > 0:
-            rests.append((seconds - charged) / shard)
-    rest = statistics.median(rests)
+        charged = fit.seconds(shard) + fit.transfer_latency_s + shard / fit.transfer_Bps
+        rests.append((seconds - charged) / shard)
+    rest = statistics.median(rests) if rests else 0.0
     if rest <= 0:
         return fit
     return replace(fit, seconds_per_byte=fit.seconds_per_byte + rest)

@@ -673,16 +673,6 @@ class _Sim:
                         sg.this_actor.sleep_for(rest)
             done.release()
 
-    def _spend(self, amount: float) -> None:
-        """Compute for ``amount`` (slept with ``--sample-ms``, else executed
-        on this actor's host: seconds at speed 1)."""
-        if amount <= 0:
-            return
-        if self.job.sleep_compute:
-            self.sg.this_actor.sleep_for(amount)
-        else:
-            self.sg.this_actor.exec_async(amount).wait()
-
     def _execute(self, amount: float) -> None:
         """Work on this actor's host (``amount``: seconds at speed 1)."""
         if amount > 0:
@@ -725,7 +715,7 @@ class _Sim:
                     sg.this_actor.sleep_for(left)
             elif point > spent:
                 # (compute between two buckets is one activity: each costs a simcall)
-                self._spend(point - spent)
+                self._execute(point - spent)
             spent = max(spent, point)
 
         for ready, _share in job.buckets[:releases]:

@@ -105,7 +105,6 @@ class SimJob:
             emulation sleeps what the model's own compute did not take); the
             model's compute still executes on the host, under the sleeps
             but for ``paced_tail``.
-
         sample_s: ``--sample-ms`` in seconds.
         grad_bytes: Bytes of a gradient on the wire (also of the weights).
         master_bytes: Bytes of the servers' float32 master weights (what an

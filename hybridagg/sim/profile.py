@@ -18,12 +18,14 @@ Every figure is in seconds, bytes or bytes per second:
 * ``allreduce``: latency and bandwidth of an all-reduce inside a group
   (``time = 2(n-1)(latency + bytes / (n x bandwidth))``, fitted on measured
   sizes), ``None`` when measured with one rank;
-* ``server``: a server's seconds per update and per byte of its shard
-  (calibrated: also a leader's transfer to it, latency and bandwidth, and
-  its measured capacity);
+* ``server``: a server's seconds per update and per byte of its shard and
+  of a reply's momentum lookahead (``lookahead_per_byte``), and
+  (calibrated) a leader's transfer to it, latency and bandwidth, and its
+  measured capacity;
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
-* ``worker``: a worker's own work per update besides compute and
-  communication, on the profiled device: ``grad_s``, zeroing the gradient
+* ``grad_s``, ``update_s``, ``copy_s``: a worker's own work per update
+  besides compute and communication, on the profiled device: ``grad_s``,
+  zeroing the gradient
   before a step and checking the reduced one (every worker, every step),
   ``update_s``, the run's optimizer step over the whole model (sync mode's,
   on every worker after the reduction), and ``copy_s``, one copy of the whole model

@@ -71,6 +71,7 @@ __all__ = [
     "measure_memcpy",
     "measure_server",
     "measure_validation",
+    "measure_worker_update",
     "pipeline_unit_costs",
     "profile_model",
 ]
@@ -181,10 +182,10 @@ def measure_compute(
             model(x)
 
     def both() -> None:
-        # the gradients stay allocated and are zeroed, as a run's are (views
-        # into its reduction buckets): a fresh allocation each pass would
-        # time the kernel's page faults on a large model
-        model.zero_grad(set_to_none=False)
+        # the gradients stay allocated, as a run's are (views into its
+        # reduction buckets), and backward accumulates into them: a fresh
+        # allocation each pass would time the kernel's page faults on a
+        # large model; zeroing them is grad_s's (measure_worker_update)
         with precision.autocast():
             loss = model(x).float().sum()
         loss.backward()
@@ -261,11 +262,22 @@ def measure_worker_update(
     worker does each step; ``update_s`` the run's optimizer step
     (:func:`~hybridagg.train.common.make_optimizer`), what every sync
     worker does after the reduction; ``copy_s`` is one copy of the whole
-    model into a flat buffer, what a leader does to push a gradient and
-    (the other way) to load a reply's weights. The model's weights are
-    restored afterwards.
+    model into a flat host buffer (the run's own ``flatten_into``), what a
+    leader does to push a gradient and (the other way) to load a reply's
+    weights. The model's weights are restored afterwards.
+
+    Args:
+        model: The model, its gradients filled (or zeros are made).
+        cfg: The run's optimizer options.
+        reps: Timed repetitions of each (the median is kept).
+        synchronize: Synchronise CUDA before each reading of the clock.
+
+    Returns:
+        ``(grad_s, update_s, copy_s)`` in seconds.
     """
+    from ..comm import alloc
     from ..comm.finite import all_finite
+    from ..ps.flat import flatten_into
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -275,12 +287,15 @@ def measure_worker_update(
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
-    flat = torch.empty(sum(g.numel() for g in grads), device=grads[0].device)
+    # the host buffer a leader's push is flattened into (pinned for a GPU's
+    # gradients, as the parameter-server client's is)
+    on_gpu = grads[0].device.type == "cuda"
+    flat = alloc(sum(g.numel() for g in grads), grads[0].dtype, pinned=on_gpu)
     optimizer = make_optimizer(cfg, model)
 
     def sync() -> None:
         if synchronize:
-            torch.cuda.synchronize(flat.device)
+            torch.cuda.synchronize(grads[0].device)
 
     def bookkeeping() -> None:
         for g in grads:  # (a run zeroes its reduction buckets, views of these)
@@ -288,7 +303,7 @@ def measure_worker_update(
         all_finite(grads)
 
     def copy() -> None:
-        torch.cat([g.reshape(-1) for g in grads], out=flat)
+        flatten_into(flat, grads, like=params)
 
     try:
         update_s = _timed(optimizer.step, reps, sync)
@@ -322,6 +337,11 @@ def measure_server(
     """A server's seconds per update and per byte (shards of ``sizes``
     elements), the points, and its seconds per byte of a reply's momentum
     lookahead (``--lookahead``: the weights moved along the momentum).
+
+    Returns:
+        ``(per_update, per_byte, points, lookahead_per_byte)``: the update's
+        line, the (bytes, seconds) it was fitted on, and the lookahead's
+        slope (``0`` for an optimizer without momentum, up to noise).
 
     The optimizer is the run's (:func:`~hybridagg.train.common.make_optimizer`
     over a parameter of the shard's size), handed to the
