@@ -176,7 +176,7 @@ def _compute_and_ready(
     tail = hidden = 0.0
     if job.sleep_compute:
         executed = _on_host(job, rank, job.executed_amount(rank, w["batch"])) * stretch
-        tail = executed * w.get("paced_tail", 0.0)
+        tail = executed * w["paced_tail"]
         hidden = executed - tail
     else:
         compute *= stretch
@@ -205,7 +205,7 @@ def own_work_seconds(job: SimJob, group: list[int]) -> float:
 
     def seconds(rank: int, key: str) -> float:
         stretch = _share(job, job.workers[rank]["node"], counts)
-        return _on_host(job, rank, job.workers[rank].get(key, 0.0)) * stretch
+        return _on_host(job, rank, job.workers[rank][key]) * stretch
 
     if _pipeline(job, group) is not None:
         return 0.0  # (a pipeline's stages: not modelled)
@@ -548,7 +548,7 @@ def validation_seconds(job: SimJob) -> float:
     stretch = _share(job, mine, _node_counts(job))
     seconds = job.validation_s * stretch
     if job.validation_pull and job.servers:
-        copy = _on_host(job, 0, job.workers[0].get("copy_s", 0.0))
+        copy = _on_host(job, 0, job.workers[0]["copy_s"])
         # rank 0's copies around the pull, and each server's of its part
         # to reply from (one after another, as the parts arrive)
         seconds += (PULL_COPIES * stretch + 1) * copy
@@ -751,8 +751,8 @@ def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
                     job, r, job.executed_amount(r, job.workers[r]["batch"])
                 )
                 copies = (2 + (size > 1)) if i == 0 else 1
-                seconds += copies * _on_host(job, r, job.workers[r].get("copy_s", 0.0))
-                seconds += _on_host(job, r, job.workers[r].get("grad_s", 0.0))
+                seconds += copies * _on_host(job, r, job.workers[r]["copy_s"])
+                seconds += _on_host(job, r, job.workers[r]["grad_s"])
                 nxt = job.workers[g[(i + 1) % size]]["node"]
                 if size > 1 and nxt == n:  # ring hop and broadcast hop, copied
                     seconds += 2 * (size - 1) / size * job.grad_bytes / copy

@@ -353,7 +353,7 @@ class _Sim:
                 mine = self._claim(held, batch)
                 shared["samples_of"][position] = mine  # summed after the barrier
             # the gradient zeroed (and, after the reduction, checked)
-            self._execute(job.workers[rank].get("grad_s", 0.0))
+            self._execute(job.workers[rank]["grad_s"])
             self._compute(rank, mine, releases)
             if reduction is not None:
                 reduction[1].acquire()
@@ -362,7 +362,7 @@ class _Sim:
             if job.mode == "sync":
                 if barrier is not None and not job.hierarchical:
                     barrier.wait()
-                self._execute(job.workers[rank].get("update_s", 0.0))
+                self._execute(job.workers[rank]["update_s"])
                 # every member counts the updates itself (the same rule as
                 # _count), so no barrier is needed to stop together
                 steps_done += 1
@@ -401,7 +401,7 @@ class _Sim:
                 if chain_rest > 0:
                     self.sg.this_actor.sleep_for(chain_rest)
                 if not leader:  # the weights into its model
-                    self._execute(job.workers[rank].get("copy_s", 0.0))
+                    self._execute(job.workers[rank]["copy_s"])
             if leader:
                 st.group_times.setdefault(group, []).append(self.engine.clock)
             if stop:
@@ -504,11 +504,8 @@ class _Sim:
             box = self.sg.Mailbox.by_name("pull")
             for _ in self.server_host:
                 box.get()
-            part = job.master_bytes / len(self.server_host)
-            for server in self.server_host:  # copied in from a server here
-                if server.name == host.name:
-                    self.transfer(server, host, part, server=True)
-            self._execute(PULL_COPIES * job.workers[0].get("copy_s", 0.0))
+            self._copy_in(host, job.master_bytes / len(self.server_host))
+            self._execute(PULL_COPIES * job.workers[0]["copy_s"])
         # (work on rank 0's host: on shared cores it contends with the rest)
         self._execute(job.validation_s * host.speed)
 
@@ -517,7 +514,7 @@ class _Sim:
         reply from, then sent (on rank 0's node of shared cores: copied)."""
         job = self.job
         count = len(self.server_host)
-        self._execute(job.workers[0].get("copy_s", 0.0) / count)
+        self._execute(job.workers[0]["copy_s"] / count)
         # to rank 0 on this node of shared cores a notice: it copies the
         # weights in itself (:meth:`_validate`)
         part = job.master_bytes / count
@@ -700,7 +697,7 @@ class _Sim:
         if job.sleep_compute:
             total = job.compute_seconds(rank, samples, clock)  # the pacer's
             executed = job.executed_amount(rank, samples, clock)
-            tail = executed * w.get("paced_tail", 0.0)
+            tail = executed * w["paced_tail"]
             self._execute(executed - tail)
         else:  # an amount: the host's speed (and sharing) sets the time
             total = job.executed_amount(rank, samples, clock)
@@ -741,9 +738,7 @@ class _Sim:
         shard = self.group_shard[group]
         # (a pipeline's stages: their parts' copies are not modelled)
         copy = (
-            job.workers[ranks[0]].get("copy_s", 0.0)
-            if job.pipeline_of(group) is None
-            else 0.0
+            job.workers[ranks[0]]["copy_s"] if job.pipeline_of(group) is None else 0.0
         )
         bcast = False
         if shared["pending"]:  # --overlap: the previous push's replies
@@ -823,10 +818,15 @@ class _Sim:
         the newest version."""
         me = self.groups_shared[group]["mailbox"]
         version = max(me.get() for _ in self.server_host)
+        self._copy_in(host, self.group_shard[group])
+        return version
+
+    def _copy_in(self, host, nbytes: float) -> None:
+        """``nbytes`` from each server on ``host``'s node of shared cores,
+        copied in by the receiver on ``host`` (its notice has arrived)."""
         for server in self.server_host:
             if server.name == host.name:
-                self.transfer(server, host, self.group_shard[group], server=True)
-        return version
+                self.transfer(server, host, nbytes, server=True)
 
     def _start_leader(self, group: int) -> None:
         """The leader's mailbox takes replies at once (they move while it computes)."""
