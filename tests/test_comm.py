@@ -121,6 +121,29 @@ def test_point_to_point_ring():
     assert torch.all(inbox == left)
 
 
+@pytest.mark.mpi(ranks=1, timeout=60)
+def test_a_wait_keeps_polling_a_service_until_its_requests_complete():
+    # the service here is what completes the wait: a send that only the
+    # poll posts, so a wait that never called it would time out
+    from hybridagg.comm import Comm
+
+    comm = Comm(name="self", timeout=10)
+    inbox, out = torch.zeros(3), torch.arange(3.0)
+    calls, sent = [0], []
+
+    def poll() -> None:
+        calls[0] += 1
+        if calls[0] == 5:
+            sent.append(comm.Isend(out, 0, tag=3))
+
+    comm.wait(comm.Irecv(inbox, 0, tag=3), "a message the poll sends", poll=poll)
+    assert calls[0] >= 5 and torch.equal(inbox, out)
+    comm.wait(sent, "the send")
+    calls[0] = 0
+    comm.barrier(poll=poll)  # one rank: nothing to wait for, polled once
+    assert calls[0] == 1
+
+
 @pytest.mark.mpi(ranks=[1, 2, 3], timeout=60)
 def test_error_on_one_rank_is_the_same_error_everywhere():
     from hybridagg.comm import Comm, RemoteError

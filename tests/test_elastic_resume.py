@@ -603,10 +603,14 @@ def test_sync_resumes_4_workers_as_2(digits, tmp_path):
     assert s["epochs"] == 1 and s["final_accuracy"] > 0.5, s
 
 
+@pytest.mark.parametrize("counter", ["auto", "server"])
 def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
-    digits, tmp_path
+    digits, tmp_path, counter
 ):
-    # the same 4 ranks: rank 2, a worker before, is a server now
+    # the same 4 ranks: rank 2, a worker before, is a server now. With the
+    # chunk counter on server 0 the resumed workers set it while the server
+    # still waits for their loaders, and draw from it to the epoch's end.
+    chunks = ["--chunk-counter", counter]
     manifest, s, before, after, _ = _stop_and_resume(
         digits,
         tmp_path,
@@ -621,10 +625,22 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
             "15",
             "--checkpoint-every",
             "15",
+            *chunks,
         ],
-        ["--mode", "async", "--servers", "2", "--steps", "1000", "--epochs", "1"],
+        [
+            "--mode",
+            "async",
+            "--servers",
+            "2",
+            "--steps",
+            "1000",
+            "--epochs",
+            "1",
+            *chunks,
+        ],
         refused=("--steps", "--epochs"),
     )
+    assert s["chunk_counter"] == ("server" if counter == "server" else "window")
     assert manifest["servers"] == 1 and manifest["version"] >= 15
     _read_once(before, after, 0)
     assert s["resharded"]["to"] == {

@@ -37,6 +37,7 @@ FLAGS = [
     "--batch-window",
     "--checkpoint",
     "--checkpoint-every",
+    "--chunk-counter",
     "--cost-budget",
     "--cost-slot",
     "--cost-v",
@@ -191,6 +192,20 @@ def test_help_shows_the_groups_and_the_defaults():
             "--amp fp16 does not combine with --stream-push",
         ),
         ({"accumulate": 0}, "--accumulate must be >= 1, got 0"),
+        ({"chunk_counter": "file"}, "--chunk-counter must be one of auto, window"),
+        ({"chunk_counter": "server"}, "--chunk-counter needs --mode hybrid or async"),
+        (
+            {
+                "mode": "async",
+                "chunk_counter": "window",
+                "on_group_failure": "continue",
+            },
+            "--on-group-failure continue needs --chunk-counter server",
+        ),
+        (
+            {"mode": "hybrid", "chunk_counter": "server", "pipeline_groups": "all"},
+            "--pipeline-groups does not combine with --chunk-counter",
+        ),
     ],
 )
 def test_more_bad_values_name_their_flag(kw, match):
@@ -321,3 +336,33 @@ def test_rank_prices_from_items_or_a_cluster_file(tmp_path):
         rank_prices(str(path), 5)
     with pytest.raises(ValueError, match="no such cluster file"):
         rank_prices(str(tmp_path / "missing.yaml"), 3)
+
+
+@pytest.mark.parametrize(
+    "choice,mode,continues,pipelined,hosts,home",
+    [
+        ("auto", "sync", False, False, ["a", "b"], None),  # fixed shares
+        ("auto", "hybrid", False, False, ["a", "a", "a"], "window"),
+        ("auto", "hybrid", False, False, ["a", "a", "b"], "server"),
+        ("auto", "async", False, False, [], "window"),  # no hosts known: one node
+        ("window", "async", False, False, ["a", "b"], "window"),
+        ("server", "async", False, False, ["a", "a"], "server"),
+        ("auto", "async", True, False, ["a", "a"], "server"),  # a dead lock holder
+        ("auto", "hybrid", False, True, ["a", "b"], "window"),  # the stages' loader
+    ],
+)
+def test_the_chunk_counter_lives_on_a_window_within_a_node_and_on_server_0_across(
+    choice, mode, continues, pipelined, hosts, home
+):
+    from hybridagg.train.chunks import counter_home
+
+    assert (
+        counter_home(
+            choice,
+            mode=mode,
+            survives_group_loss=continues,
+            pipelined=pipelined,
+            worker_hosts=hosts,
+        )
+        == home
+    )

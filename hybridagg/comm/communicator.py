@@ -153,13 +153,24 @@ class Comm:
         requests: MPI.Request | Sequence[MPI.Request],
         what: str,
         timeout: float | None = None,
+        poll: Callable[[], object] | None = None,
     ) -> float:
-        """:func:`~hybridagg.comm.wait` with this communicator's timeout and name."""
-        return wait(
-            requests,
-            what=f"{what} on {self.name} (rank {self.rank}/{self.size})",
-            timeout=self.timeout if timeout is None else timeout,
-        )
+        """:func:`~hybridagg.comm.wait` with this communicator's timeout and name.
+
+        ``poll``, if given, is called before every test: a service this
+        rank keeps answering while it waits (server 0's chunk counter).
+        """
+        what = f"{what} on {self.name} (rank {self.rank}/{self.size})"
+        timeout = self.timeout if timeout is None else timeout
+        if poll is None:
+            return wait(requests, what=what, timeout=timeout)
+        reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
+
+        def done() -> bool:
+            poll()
+            return bool(MPI.Request.Testall(reqs))
+
+        return wait_until(done, what=what, timeout=timeout)
 
     def wait_for(
         self,
@@ -186,10 +197,18 @@ class Comm:
             max_sleep_for=max_sleep_for,
         )
 
-    def barrier(self, *, what: str = "barrier", timeout: float | None = None) -> None:
-        """A polled barrier."""
+    def barrier(
+        self,
+        *,
+        what: str = "barrier",
+        timeout: float | None = None,
+        poll: Callable[[], object] | None = None,
+    ) -> None:
+        """A polled barrier (``poll``: see :meth:`wait`)."""
         if self.size > 1:
-            self.wait(self.mpi.Ibarrier(), what, timeout)
+            self.wait(self.mpi.Ibarrier(), what, timeout, poll)
+        elif poll is not None:
+            poll()
 
     # --- buffers (in place, no copy) ----------------------------------------
     def Iallreduce(
@@ -286,8 +305,16 @@ class Comm:
         self.wait(req, what or f"object from rank {source}")
         return pickle.loads(payload.tobytes())
 
-    def allgather(self, obj: Any, *, what: str = "allgather of objects") -> list:
+    def allgather(
+        self,
+        obj: Any,
+        *,
+        what: str = "allgather of objects",
+        poll: Callable[[], object] | None = None,
+    ) -> list:
         """Gather a picklable object from every rank to every rank (polled).
+
+        ``poll``: see :meth:`wait`.
 
         Raises:
             TypeError: ``obj`` is a tensor or array.
@@ -298,11 +325,11 @@ class Comm:
         data = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         sizes[self.rank] = data.size
-        self.wait(self.mpi.Iallgather(MPI.IN_PLACE, sizes), what)
+        self.wait(self.mpi.Iallgather(MPI.IN_PLACE, sizes), what, poll=poll)
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         req = self.mpi.Iallgatherv(data, [out, sizes, offsets, MPI.UINT8_T])
-        self.wait(req, what)
+        self.wait(req, what, poll=poll)
         return [
             pickle.loads(out[o : o + s].tobytes())
             for o, s in zip(offsets.tolist(), sizes.tolist(), strict=True)
@@ -349,7 +376,13 @@ class Comm:
         return result
 
     # --- agreement on errors --------------------------------------------------
-    def check(self, error: BaseException | None, *, what: str = "") -> None:
+    def check(
+        self,
+        error: BaseException | None,
+        *,
+        what: str = "",
+        poll: Callable[[], object] | None = None,
+    ) -> None:
         """Raise the same error on every rank if any rank passes one.
 
         Every rank must call this (it is collective). The error of the lowest
@@ -361,12 +394,13 @@ class Comm:
         Args:
             error: This rank's exception, or ``None`` if it succeeded.
             what: What was being checked, for the message.
+            poll: Called while waiting (see :meth:`wait`).
         """
         if error is None:
             local = None
         else:
             local = (type(error).__name__, str(error), _builtin_name(error))
-        reports = self.allgather(local, what=what or "error agreement")
+        reports = self.allgather(local, what=what or "error agreement", poll=poll)
         for rank, report in enumerate(reports):
             if report is None:
                 continue

@@ -1,7 +1,19 @@
-"""Wiring for ``--on-group-failure continue``: the ULFM check and the chunk counter's home."""
+"""Where the dynamic shares' chunk counter lives, and the ULFM check of ``--on-group-failure continue``.
+
+Hybrid and async workers draw their data's chunks from one counter. Its
+usual home is an MPI one-sided window on worker 0
+(:class:`hybridagg.data.shares.WindowCounter`): on one node Open MPI's
+shared-memory window completes a draw without worker 0, but across nodes
+without RDMA atomics (TCP) the window's lock, fetch and unlock each wait
+until worker 0 next enters MPI, which a paced or computing worker does once
+a step: a draw took three steps, and the drawing thread spun a core
+meanwhile. Across nodes the counter lives instead in parameter server 0,
+whose loop polls for messages all the time (:class:`ChunkService`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..comm import Comm
@@ -9,7 +21,39 @@ from ..comm.counter import CounterHost, ServedCounter
 from ..comm.ulfm import ulfm_status
 from ..topology import Topology
 
-__all__ = ["ChunkService", "check_fault_tolerance"]
+__all__ = ["ChunkService", "check_fault_tolerance", "counter_home", "job_counter_home"]
+
+
+def counter_home(
+    choice: str,
+    *,
+    mode: str,
+    survives_group_loss: bool,
+    pipelined: bool,
+    worker_hosts: Sequence[str],
+) -> str | None:
+    """Where the workers draw their chunks from (pure policy, the same on every rank).
+
+    Args:
+        choice: ``--chunk-counter``: ``auto``, ``window`` or ``server``.
+        mode: ``sync``, ``hybrid`` or ``async``.
+        survives_group_loss: ``--on-group-failure continue``.
+        pipelined: Groups are pipelines (their stages' loader keeps a window).
+        worker_hosts: The node of every worker.
+
+    Returns:
+        ``None`` (sync: fixed shares, no counter), ``"window"`` or
+        ``"server"``.
+    """
+    if mode == "sync":
+        return None
+    if survives_group_loss:
+        return "server"  # (a window does not survive a dead lock holder)
+    if pipelined:
+        return "window"
+    if choice != "auto":
+        return choice
+    return "window" if len(set(worker_hosts)) <= 1 else "server"
 
 
 def check_fault_tolerance(world: Comm) -> None:
@@ -28,11 +72,23 @@ def check_fault_tolerance(world: Comm) -> None:
     world.check(error, what="--on-group-failure continue")
 
 
+def job_counter_home(cfg, topo: Topology) -> str | None:
+    """:func:`counter_home` for a run's options and topology."""
+    return counter_home(
+        cfg.chunk_counter,
+        mode=cfg.mode,
+        survives_group_loss=cfg.survives_group_loss,
+        pipelined=cfg.pipelined,
+        worker_hosts=[topo.hosts[r] for r in topo.workers] if topo.hosts else [],
+    )
+
+
 @dataclass
 class ChunkService:
     """The dynamic shares' chunk counter, held by server 0 and served by messages.
 
-    Why not the usual MPI window: see :mod:`hybridagg.comm.counter`.
+    Why not the usual MPI window: see :mod:`hybridagg.comm.counter` (a dead
+    worker) and this module (workers on several nodes).
 
     Attributes:
         comm: The workers and server 0 (``None`` on the other servers).
@@ -62,6 +118,15 @@ class ChunkService:
         """Server 0: answer the requests that have arrived."""
         if self.host is not None:
             self.host.poll()
+
+    def drain(self, world: Comm) -> None:
+        """Wait until every rank has drawn its last chunk (collective over ``world``).
+
+        A worker's loader may still be reading ahead when the servers' loop
+        ends; server 0 answers its draws until every worker has closed its
+        loader and joined this barrier.
+        """
+        world.barrier(what="the workers' last chunk draws", poll=self.poll)
 
     def close(self) -> None:
         """Server 0: stop serving."""

@@ -30,7 +30,7 @@ from ..runtime.outcomes import PeerFailure
 from ..runtime.signals import stop_flag
 from ..topology import Topology, init
 from .checkpoint import Checkpointer
-from .chunks import ChunkService, check_fault_tolerance
+from .chunks import ChunkService, check_fault_tolerance, job_counter_home
 from .config import TrainConfig
 from .pipelined import PipelinedWorkerRole
 from .resume import start_run
@@ -126,7 +126,13 @@ def _run(
         if world.rank == 0:
             with solo("removing a killed run's checkpoint parts"):
                 ck.remove_stale()
-    chunks = ChunkService.build(topo) if cfg.survives_group_loss else None
+    home = job_counter_home(cfg, topo)
+    if home is not None:
+        logging.getLogger(__name__).info(
+            "the workers draw their data's chunks from %s",
+            "parameter server 0" if home == "server" else "a window on worker 0",
+        )
+    chunks = ChunkService.build(topo) if home == "server" else None
     if topo.is_server:
         role = ServerRole(cfg, topo, start, ck, stop, chunks)
     elif cfg.pipelined:  # every worker holds a stage of its group's replica

@@ -139,8 +139,8 @@ class ServerRole:
             loaded, by the reshard plan).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
-        chunks: ``--on-group-failure continue``: the chunk counter (server 0
-            holds it).
+        chunks: The chunk counter, where server 0 holds it
+            (:func:`hybridagg.train.chunks.counter_home`).
 
     Attributes:
         status: With ``continue``, how this rank ends (set by :meth:`run`).
@@ -177,7 +177,8 @@ class ServerRole:
         world.check(err, what="set-up")  # phase 1: models, checkpoints
         if cfg.pipelined:  # the stages' links and cut
             join_probe(cfg, world)
-        world.check(None, what="data")  # phase 2: the workers' loader
+        # phase 2: the workers' loader (which may draw chunks from server 0)
+        world.check(None, what="data", poll=self.chunks.poll if self.chunks else None)
         if cfg.pipelined:
             world.check(None, what="the stages")
         metrics = MetricsWriter(cfg.metrics, topo.rank)
@@ -194,14 +195,18 @@ class ServerRole:
             "on_ready": events.on_ready,
             "on_batch": events.on_batch,
         }
-        if self.chunks is not None:
+        if cfg.survives_group_loss:
             return self._serve_surviving(events, metrics, common)
         ps = None
         if cfg.pipelined:  # the stages send and receive their own parts
             ps = stage_ps_comm(world, topo.groups, topo.servers)
-        stats = serve(topo, **common, ps=ps)
+        chunks = self.chunks
+        stats = serve(topo, **common, ps=ps, poll=chunks.poll if chunks else None)
         if ps is not None:
             ps.free()
+        if chunks is not None:
+            chunks.drain(world)
+            chunks.close()
         metrics.close()
         report = _server_report(stats, topo.rank, events.cpu0)
         reports = world.allgather(report, what="run report")

@@ -128,6 +128,10 @@ def test_hybrid_job_with_a_group_per_host_learns_the_digits(cluster, tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     s = json.loads(out.read_text())
     assert s["groups"] == [[0, 1], [2, 3]] and s["servers"] == 1
+    # workers on two hosts draw their chunks from server 0, not from a
+    # window that across TCP completes a draw only when worker 0 enters MPI
+    assert s["chunk_counter"] == "server"
+    assert "draw their data's chunks from parameter server 0" in result.stderr
     assert s["final_accuracy"] >= 0.85, s  # the stated accuracy, as on one host
     after = traffic(spec)
     moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in after}

@@ -127,6 +127,17 @@ class TrainConfig(
                 "mode every worker is in the one all-reduce, so no group can be "
                 "dropped"
             )
+        if self.chunk_counter != "auto" and self.mode == "sync":
+            raise ValueError(
+                "--chunk-counter needs --mode hybrid or async: sync's workers "
+                "read fixed shares of the data and draw no chunks"
+            )
+        if self.survives_group_loss and self.chunk_counter == "window":
+            raise ValueError(
+                "--on-group-failure continue needs --chunk-counter server (or "
+                "auto): a worker dying while it held the window's lock would "
+                "stop every other worker's draws"
+            )
         if self.survives_group_loss and self.adaptive_groups:
             raise ValueError(
                 "--on-group-failure continue does not combine with "

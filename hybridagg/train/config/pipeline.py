@@ -35,6 +35,7 @@ PIPELINE_INCOMPATIBLE: dict[str, str] = {
     "stream_push": "--stream-push",
     "save_model": "--save-model (no rank holds the whole model)",
     "tensorboard": "TensorBoard",
+    "chunk_counter": "--chunk-counter (the stages' loader draws from a window)",
 }
 
 

@@ -9,6 +9,7 @@ from ..zoo import MODELS
 from .fields import Concern, option
 
 __all__ = [
+    "CHUNK_COUNTERS",
     "LOSSES",
     "NORMALIZE",
     "OPTIMIZERS",
@@ -20,6 +21,7 @@ __all__ = [
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 NORMALIZE = ("stored", "compute", "none")
+CHUNK_COUNTERS = ("auto", "window", "server")
 
 LOSSES = ("cross-entropy", "mse")
 """``--loss``: classification on integer labels, or regression on float targets."""
@@ -43,6 +45,13 @@ class DataOptions(Concern):
     """how samples are normalised: stored (the per-channel mean and deviation
     the data file records), compute (computed from the training split at
     start, for a file that records none), none (samples as stored)"""
+
+    chunk_counter: str = option("auto", choices=CHUNK_COUNTERS)
+    """where hybrid and async workers draw their data's chunks from: window
+    (an MPI one-sided window on worker 0; across nodes without RDMA atomics,
+    MPI completes a draw only when worker 0 next enters MPI), server
+    (parameter server 0 answers each draw between its updates), auto (window
+    when every worker is on one node, else server)"""
 
 
 @dataclass(frozen=True, kw_only=True)

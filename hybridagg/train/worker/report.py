@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ...topology import Topology
+from ..chunks import job_counter_home
 from ..config import TrainConfig
 from ..emulation import ideal_samples_per_sec
 from ..metrics import format_table, summary_row
@@ -104,6 +105,7 @@ def summarize(
         "lookahead": cfg.lookahead and cfg.mode != "sync",
         "lookahead_horizon": cfg.lookahead_horizon,
         "wire": cfg.wire,
+        "chunk_counter": job_counter_home(cfg, topo),
         "amp": cfg.amp,
         "accumulate": cfg.accumulate,
         # --amp fp16: updates skipped because the gradient overflowed the loss

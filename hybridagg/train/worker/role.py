@@ -98,8 +98,9 @@ class WorkerRole:
             this worker's parts are already loaded, by the reshard plan).
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         stop: The process's stop flag.
-        chunks: ``--on-group-failure continue``: the chunk counter, served
-            by server 0 (:mod:`.surviving` then ends the run).
+        chunks: The chunk counter served by server 0, where it lives there
+            (:func:`hybridagg.train.chunks.counter_home`; with
+            ``--on-group-failure continue``, :mod:`.surviving` ends the run).
 
     Attributes:
         status: With ``continue``, how this rank ends (set by :meth:`run`).
@@ -161,11 +162,13 @@ class WorkerRole:
         self._wire(local, ck, start)
         if self.rank == 0 and self.resharded is not None:
             self.metrics.write("reshard", t=0.0, **self.resharded)
-        if self.chunks is not None:
+        if cfg.survives_group_loss:
             return SurvivingWorker(self).run(local)
         if not local.done_already:
             self._train()
         self._finish()
+        if self.chunks is not None:
+            self.chunks.drain(world)
         if local.evaluator is not None:
             local.evaluator.close()
         return self._report()

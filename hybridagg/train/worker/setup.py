@@ -158,9 +158,10 @@ def make_loader(
 ) -> HDF5Loader:
     """The training loader, positioned where the resumed part left it.
 
-    With ``chunk_counter`` (``--on-group-failure continue``) the dynamic
-    shares draw from it, and files are read independently (``posix``): an
-    MPI-IO file is closed collectively, which a dead worker would block.
+    With ``chunk_counter`` (server 0's, see :mod:`hybridagg.train.chunks`)
+    the dynamic shares draw from it. With ``--on-group-failure continue``
+    files are read independently (``posix``): an MPI-IO file is closed
+    collectively, which a dead worker would block.
 
     With ``HYBRIDAGG_SAMPLE_LOG`` set, it records the ids of the samples it
     hands out (one file per worker in that folder).
@@ -178,11 +179,8 @@ def make_loader(
         normalize=cfg.normalize != "none",
         statistics=local.statistics,
         device=local.device,
-        **(
-            {"chunk_counter": chunk_counter, "driver": "posix"}
-            if chunk_counter is not None
-            else {}
-        ),
+        chunk_counter=chunk_counter,
+        **({"driver": "posix"} if cfg.survives_group_loss else {}),
     )
     log = envvars.get_str("HYBRIDAGG_SAMPLE_LOG")
     if log:
