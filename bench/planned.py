@@ -82,6 +82,12 @@ def common_args(cluster: str, args) -> list[str]:
     ]  # fmt: skip
 
 
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value."""
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2 :]
+
+
 def plan_argv(cluster: str, args, out: Path, summary: Path) -> list[str]:
     """``hybridagg plan``'s options for a cluster's emulation."""
     workers, slowdown, sample_ms, _groups = CLUSTERS[cluster]
@@ -268,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
                         nranks, extra = hand_written(config, cluster)
                         shown = extra
                     out = tmp_path / f"{cluster}-{config}.json".replace("+", "_")
-                    got = train(nranks, [*common, *extra], args, out)
+                    base = common
+                    if config == PLANNED:  # the plan names its workers' slowdown
+                        base = without_flag(common, "--slowdown")
+                    got = train(nranks, [*base, *extra], args, out)
                     for rec in got:
                         rec.update(
                             {"cluster": cluster, "config": config, "train_args": shown}

@@ -17,7 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Slowdown", "parse_rank_ranges", "parse_rank_values", "parse_slowdown"]
+__all__ = [
+    "Slowdown",
+    "fastest_ranks",
+    "format_slowdown",
+    "parse_rank_ranges",
+    "parse_rank_values",
+    "parse_slowdown",
+]
 
 
 def parse_rank_ranges(text: str, what: str = "rank range") -> list[int]:
@@ -150,3 +157,43 @@ def parse_slowdown(spec: str | None) -> Slowdown:
     if len(set(starts)) != len(starts):
         raise ValueError(f"slowdown has two phases starting at the same time: {spec!r}")
     return Slowdown(tuple(phases))
+
+
+def fastest_ranks(slowdown: Slowdown, workers: int, count: int) -> list[int]:
+    """The ``count`` fastest of ``workers`` ranks under a fixed slowdown, ascending.
+
+    Lower factors first, then lower ranks.
+
+    Raises:
+        ValueError: ``count`` is not in 1..``workers``, or the factors change
+            during the run (which ranks are fastest then depends on when).
+    """
+    if slowdown.changes:
+        raise ValueError("the fastest ranks of a changing slowdown depend on the time")
+    if not 1 <= count <= workers:
+        raise ValueError(f"count {count} must be within 1 and the {workers} workers")
+    order = sorted(range(workers), key=lambda r: (slowdown.factor(r), r))
+    return sorted(order[:count])
+
+
+def format_slowdown(factors: dict[int, float]) -> str:
+    """A fixed slowdown spec for ``{rank: factor}`` (consecutive ranks of one
+    factor as a range), which :func:`parse_slowdown` reads back; ``""`` for none.
+    """
+    items: list[str] = []
+    run: list[int] = []
+
+    def close() -> None:
+        first, last = run[0], run[-1]
+        ranks = f"{first}" if first == last else f"{first}-{last}"
+        value = float(factors[first])
+        items.append(f"{ranks}:{int(value) if value.is_integer() else repr(value)}")
+
+    for rank in sorted(factors):
+        if run and (rank != run[-1] + 1 or factors[rank] != factors[run[0]]):
+            close()
+            run = []
+        run.append(rank)
+    if run:
+        close()
+    return ",".join(items)

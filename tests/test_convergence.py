@@ -24,7 +24,7 @@ from hybridagg.sim.planner import compare_searchers
 from hybridagg.sim.policy import reinforce_search
 from hybridagg.sim.profile import Profile, save_profile
 from hybridagg.sim.search import Objective, exact_search
-from hybridagg.sim.space import CostModel, Space
+from hybridagg.sim.space import Candidate, CostModel, Space
 
 #: U(16, 0) = 100, U(16, 4) = 200, U(64, 0) = 40, U(64, 4) = 120
 HAND = ConvergenceTable(((16, 0, 100), (16, 4, 200), (64, 0, 40), (64, 4, 120)))
@@ -166,7 +166,7 @@ def test_when_only_samples_count_time_is_samples_over_throughput():
     model = _model(FREE)
     space = Space(**{**model.default_space().__dict__, "batches": ("equal",)})
     scored = 0
-    for c in space.candidates_on((1,)):
+    for c in space.candidates_on((4,)):
         s = model.score(c)
         if s is not None:
             scored += 1
@@ -267,3 +267,44 @@ def test_plan_flags_are_exactly_the_published_ones():
         "--sample-shape", "--searcher", "--seed", "--sim-timeout", "--slowdown",
         "--warmup-updates", "--weight-decay", "--wire", "--workers", "-n",
     ]  # fmt: skip
+
+
+def _uneven(table: ConvergenceTable | None) -> CostModel:
+    """8 emulated workers of three speeds (bench/planned.py's uneven-8)."""
+    return CostModel(machine_cluster(BIG, 8, 0), BIG, batch_size=32, workers=8,
+                     slowdown="0-1:1,2-4:2,5-7:4", sample_ms=2.0,
+                     convergence=table)  # fmt: skip
+
+
+def test_the_emulated_space_keeps_whole_speed_classes_fastest_first():
+    model = _uneven(None)
+    assert model.worker_counts() == (2, 5, 8)
+    space = model.default_space()
+    assert space.nodes == ((2, 5, 8),)
+    five = Candidate("async", (5,), "each", 1, "this-machine")
+    assert model.slowdown_for(five) == "2-4:2"  # renumbered from 0
+    assert model.slowdown_for(Candidate("sync", (2,))) is None  # all at speed 1
+    assert model.slowdown_for(Candidate("sync", (8,))) == "0-1:1,2-4:2,5-7:4"
+    job = model.job(five)
+    assert len(job.workers) == 5
+    # the ideal is the kept workers' rates alone: 2 at 32 samples per 64 ms,
+    # 3 at 32 per 128 ms
+    assert job.ideal_samples_per_sec() == pytest.approx(2 * 500 + 3 * 250)
+    with pytest.raises(ValueError, match="1 to 8 of this machine's workers, not 9"):
+        model.cluster_for(Candidate("sync", (9,)))
+    changing = CostModel(machine_cluster(BIG, 4, 0), BIG, workers=4,
+                         slowdown="2-3:4@0;0-1:4@5", sample_ms=1.0)  # fmt: skip
+    assert changing.worker_counts() == (4,)
+
+
+def test_the_time_objective_leaves_slow_stale_workers_idle_when_staleness_costs():
+    # updates grow tenfold with 3 versions of staleness: async on the 5
+    # fastest (less stale) beats async on all 8; when only samples count,
+    # every worker's samples are worth having
+    stale = ConvergenceTable(((32, 0, 100), (32, 3, 1000), (32, 7, 3000)))
+    only = Space(nodes=((2, 5, 8),), modes=("async",), servers=(1,),
+                 server_types=("this-machine",), batches=("equal",))  # fmt: skip
+    soon = exact_search(_uneven(stale), only, Objective("time"))
+    assert soon.best.nodes != (8,)
+    free = ConvergenceTable(tuple((32, t, 128) for t in (0, 3, 7)))
+    assert exact_search(_uneven(free), only, Objective("time")).best.nodes == (8,)

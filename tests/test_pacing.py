@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridagg.slowdown import Slowdown, parse_slowdown
+from hybridagg.slowdown import Slowdown, fastest_ranks, format_slowdown, parse_slowdown
 from hybridagg.train.emulation import Pacer
 from hybridagg.train.pacing import LayerPacer, module_costs
 
@@ -209,3 +209,29 @@ def test_for_model_hooks_only_when_emulating():
     )
     assert set(busy.shares) == {"1", "3", "5"} and len(busy._handles) == 3
     busy.free()
+
+
+def test_the_fastest_ranks_are_the_lowest_factors_then_the_lowest_ranks():
+    s = parse_slowdown("0:4,1:1,2:2,4:2")  # rank 3 is unnamed: factor 1
+    assert fastest_ranks(s, 5, 2) == [1, 3]
+    assert fastest_ranks(s, 5, 3) == [1, 2, 3]
+    assert fastest_ranks(s, 5, 5) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="count 6 must be within 1 and the 5"):
+        fastest_ranks(s, 5, 6)
+    with pytest.raises(ValueError, match="changing slowdown"):
+        fastest_ranks(parse_slowdown("0:2@0;1:2@5"), 2, 1)
+
+
+@pytest.mark.parametrize(
+    "factors,spec",
+    [
+        ({}, ""),
+        ({0: 1.0, 1: 1.0, 2: 4.0, 3: 4.0}, "0-1:1,2-3:4"),
+        ({2: 2.0, 3: 2.0, 4: 2.0, 6: 2.0}, "2-4:2,6:2"),
+        ({0: 1.5, 1: 1 / 3}, f"0:1.5,1:{1 / 3!r}"),
+    ],
+)
+def test_a_formatted_slowdown_reads_back_as_the_same_factors(factors, spec):
+    assert format_slowdown(factors) == spec
+    back = parse_slowdown(spec)
+    assert {r: back.factor(r) for r in factors} == factors

@@ -120,7 +120,7 @@ def _plans(tmp_path: Path) -> tuple[str, str, str]:
     made = make_plan(model, c, model.score(c), objective="throughput",
                      min_samples_per_sec=None, searcher="exact", cluster_file=rel)  # fmt: skip
     here = CostModel(machine_cluster(profile, 4, 0), profile, workers=4)
-    h = Candidate("hybrid", (1,), "split:2", 2, "this-machine")
+    h = Candidate("hybrid", (4,), "split:2", 2, "this-machine")
     emulated = make_plan(here, h, here.score(h), objective="throughput",
                          min_samples_per_sec=None, searcher="exact")  # fmt: skip
     return (

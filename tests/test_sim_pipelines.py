@@ -268,7 +268,7 @@ def test_a_pipelined_plan_file_round_trips_into_train_options(tmp_path):
     model = CostModel(
         devices(3), PROFILE, batch_size=32, workers=3, slowdown="1:4", sample_ms=1.0
     )
-    c = Candidate("hybrid", (1,), "split:2", 1, "this-machine", pipelines="groups")
+    c = Candidate("hybrid", (3,), "split:2", 1, "this-machine", pipelines="groups")
     score = model.score(c)
     assert score is not None, model.error(c)
     plan = make_plan(
@@ -303,7 +303,7 @@ def test_a_pipelined_plan_file_round_trips_into_train_options(tmp_path):
         with pytest.raises(ValueError, match=match):
             load_plan(tmp_path / "bad.json")
     # a plan without pipelines pins that too: --pipeline-groups conflicts
-    plain = Candidate("hybrid", (1,), "split:2", 1, "this-machine")
+    plain = Candidate("hybrid", (3,), "split:2", 1, "this-machine")
     flat = make_plan(
         model, plain, model.score(plain), objective="throughput",
         min_samples_per_sec=None, searcher="exact",
@@ -339,7 +339,7 @@ def test_hybridagg_train_runs_a_planned_pipelined_job(digits, tmp_path):
     model = CostModel(
         devices(3), profile, batch_size=32, workers=3, slowdown="0:4", sample_ms=0.5
     )
-    c = Candidate("hybrid", (1,), "split:2", 1, "this-machine", pipelines="groups")
+    c = Candidate("hybrid", (3,), "split:2", 1, "this-machine", pipelines="groups")
     plan = make_plan(
         model, c, model.score(c), objective="throughput", min_samples_per_sec=None,
         searcher="exact",

@@ -255,7 +255,7 @@ def make_plan(
         cost_per_hour=score.cost_per_hour,
         predicted_time_to_target_s=score.time_to_target_s,
         wire=model.wire,
-        slowdown=model.slowdown,
+        slowdown=model.slowdown_for(c),
         sample_ms=float(model.sample_ms),
         optimizer=model.optimizer,
         rank_nodes=job_rank_nodes(job),

@@ -39,6 +39,14 @@ hybrid (what the simulator models) with equal batches (a hybrid run
 refuses adaptive batches with pipelines), and the space has them only when
 the profile records pipeline units.
 
+On this machine's emulation (``CostModel.workers``) a candidate's ``nodes``
+is ``(k,)``: it trains on the ``k`` fastest of the emulated workers (by
+``--slowdown``; the plan's own slowdown names them, renumbered from 0). The
+space offers every ``k`` that keeps whole speed classes: leaving the
+slowest class idle trades its samples for fresher updates, which a time
+objective can find worth it (a real cluster's space chooses node counts
+per node type the same way).
+
 Groupings: ``node`` (one group per node), ``device`` (per node type),
 ``speed:K`` (``hybridagg.topology.speed_groups`` on the ranks' speeds) and
 ``split:K`` (``K`` contiguous runs of ranks as equal as can be). A plan
@@ -53,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..modes import MODES
+from ..slowdown import fastest_ranks, format_slowdown, parse_slowdown
 from .analytic import estimate
 from .cluster import ClusterSpec, ServerPlacement
 from .convergence import ConvergenceTable, time_to_target
@@ -91,7 +100,8 @@ class Candidate:
     Attributes:
         mode: sync, hybrid or async.
         nodes: Nodes used of each node type that has devices (cluster
-            order); on this machine's emulation, ``(1,)``.
+            order); on this machine's emulation, ``(k,)``: its ``k``
+            fastest workers.
         grouping: ``world`` (sync), ``each`` (async), or a grouping of
             :data:`DEFAULT_GROUPINGS`' kinds (hybrid).
         servers: Parameter servers (0 in sync).
@@ -366,7 +376,7 @@ class CostModel:
         if self.workers is not None:
             limit = max(1, self.workers // 2)
             return Space(
-                nodes=((1,),),
+                nodes=(self.worker_counts(),),
                 modes=modes,
                 groupings=("speed:2", "speed:3", "split:2", "split:4"),
                 servers=tuple(k for k in (1, 2, 3, 4) if k <= limit),
@@ -396,6 +406,40 @@ class CostModel:
             pipelines=pipes,
         )
 
+    def worker_counts(self) -> tuple[int, ...]:
+        """This machine's emulation: the worker counts a candidate may use,
+        the fastest first, each keeping whole speed classes (only all of
+        them under a slowdown that changes during the run)."""
+        if self.workers is None:
+            raise ValueError("worker counts belong to this machine's emulation")
+        slowdown = parse_slowdown(self.slowdown)
+        if slowdown.changes:
+            return (self.workers,)
+        factors = sorted(slowdown.factor(r) for r in range(self.workers))
+        return tuple(
+            k
+            for k in range(1, self.workers + 1)
+            if k == self.workers or factors[k] > factors[k - 1]
+        )
+
+    def slowdown_for(self, c: Candidate) -> str | None:
+        """``--slowdown`` of ``c``'s job: on the emulation, its kept workers'
+        factors renumbered from 0 (all of them: the spec as given)."""
+        if self.workers is None or c.nodes[0] == self.workers:
+            return self.slowdown
+        slowdown = parse_slowdown(self.slowdown)
+        kept = fastest_ranks(slowdown, self.workers, c.nodes[0])
+        return (
+            format_slowdown(
+                {
+                    i: slowdown.factor(r)
+                    for i, r in enumerate(kept)
+                    if slowdown.factor(r) != 1.0
+                }
+            )
+            or None
+        )
+
     def can_pipeline(self, modes: tuple[str, ...] = MODES) -> bool:
         """Whether pipelined candidates belong in the space: hybrid is among
         ``modes``, the profile records pipeline units, and the wire is fp32
@@ -410,7 +454,13 @@ class CostModel:
             ValueError: ``c`` uses no worker, or its servers do not fit.
         """
         if self.workers is not None:
-            return machine_cluster(self.profile, self.workers, c.servers)
+            (k,) = c.nodes
+            if not 1 <= k <= self.workers:
+                raise ValueError(
+                    f"a candidate must use 1 to {self.workers} of this machine's "
+                    f"workers, not {k}"
+                )
+            return machine_cluster(self.profile, k, c.servers)
         kept = []
         counts = dict(zip(self.worker_types(), c.nodes, strict=True))
         if not any(c.nodes):
@@ -453,7 +503,7 @@ class CostModel:
             groups=groups,
             servers=c.servers,
             batch_size=c.batch_size or self.batch_size,
-            slowdown=self.slowdown,
+            slowdown=self.slowdown_for(c),
             sample_ms=self.sample_ms,
             adaptive_batch=c.batches == "speed",
             wire=self.wire,
