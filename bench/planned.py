@@ -54,6 +54,10 @@ CLUSTERS = {
 
 HAND_WRITTEN = ("sync", "hybrid", "async", "sync+adaptive")
 PLANNED = "planned"
+#: async with one server on the workers the plan uses (after ``planned``): a
+#: plan that leaves slow workers idle, against the simplest job on the same
+#: workers (not one of the hand-written configurations the goal names)
+SAME_WORKERS = "async-plan-workers"
 
 
 def hand_written(name: str, cluster: str) -> tuple[int, list[str]]:
@@ -159,9 +163,19 @@ def rows(records: list[dict]) -> list[dict]:
                     "train_args": rs[0].get("train_args"),
                 }
             )
-        hand = [c for c in these if c["config"] != PLANNED and c["ttt"][0] is not None]
+        hand = [
+            c for c in these if c["config"] in HAND_WRITTEN and c["ttt"][0] is not None
+        ]
         best = min(hand, key=lambda c: c["ttt"][0]) if hand else None
+        same = next(
+            (c for c in these if c["config"] == SAME_WORKERS and c["ttt"][0]), None
+        )
         for c in these:
+            c["ratio_same_workers"] = (
+                c["ttt"][0] / same["ttt"][0]
+                if (same and c["config"] == PLANNED and c["ttt"][0] is not None)
+                else None
+            )
             c["best_hand_written"] = best["config"] if best else None
             c["ratio"] = (
                 c["ttt"][0] / best["ttt"][0]
@@ -192,6 +206,8 @@ def markdown(table: list[dict], target: float) -> str:
             if c["ratio"] is not None
             else "-"
         )
+        if c.get("ratio_same_workers") is not None:
+            ratio += f"; {c['ratio_same_workers']:.3f} vs {SAME_WORKERS}"
         name = c["config"]
         if name == PLANNED and c["train_args"]:
             name = f"planned: `{' '.join(c['train_args'])}`"
@@ -209,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--configs",
         default=",".join((PLANNED, *HAND_WRITTEN)),
-        help=f"from {[PLANNED, *HAND_WRITTEN]}",
+        help=f"from {[PLANNED, *HAND_WRITTEN, SAME_WORKERS]} ({SAME_WORKERS} "
+        f"after {PLANNED})",
     )
     p.add_argument("--seeds", type=int, default=10, help="seeds per configuration")
     p.add_argument("--data", default="runs/digits.h5")
@@ -250,11 +267,15 @@ def main(argv: list[str] | None = None) -> int:
         bad = set(clusters) - set(CLUSTERS)
         if bad:
             raise SystemExit(f"unknown --clusters {sorted(bad)}; from {list(CLUSTERS)}")
-        bad = set(configs) - {PLANNED, *HAND_WRITTEN}
+        known = [PLANNED, *HAND_WRITTEN, SAME_WORKERS]
+        bad = set(configs) - set(known)
         if bad:
-            raise SystemExit(
-                f"unknown --configs {sorted(bad)}; from {[PLANNED, *HAND_WRITTEN]}"
-            )
+            raise SystemExit(f"unknown --configs {sorted(bad)}; from {known}")
+        if SAME_WORKERS in configs and (
+            PLANNED not in configs
+            or configs.index(SAME_WORKERS) < configs.index(PLANNED)
+        ):
+            raise SystemExit(f"--configs: {SAME_WORKERS} needs {PLANNED} before it")
         from hybridagg.data import digits_file
 
         digits_file(args.data)
@@ -265,18 +286,25 @@ def main(argv: list[str] | None = None) -> int:
                 common = common_args(cluster, args)
                 for config in configs:
                     start = time.perf_counter()
+                    base = common
                     if config == PLANNED:
                         plan_file, plan = make_plan(cluster, args, tmp_path)
                         plans.append({**plan, "emulation": cluster})
                         nranks, extra = plan["ranks"], ["--plan", str(plan_file)]
                         shown = plan["train_args"]
+                        # the plan names its workers' slowdown
+                        base = without_flag(common, "--slowdown")
+                    elif config == SAME_WORKERS:
+                        nranks = plan["workers"] + 1
+                        extra = ["--mode", "async", "--servers", "1"]
+                        base = without_flag(common, "--slowdown")
+                        if plan["slowdown"]:
+                            extra += ["--slowdown", plan["slowdown"]]
+                        shown = extra
                     else:
                         nranks, extra = hand_written(config, cluster)
                         shown = extra
                     out = tmp_path / f"{cluster}-{config}.json".replace("+", "_")
-                    base = common
-                    if config == PLANNED:  # the plan names its workers' slowdown
-                        base = without_flag(common, "--slowdown")
                     got = train(nranks, [*base, *extra], args, out)
                     for rec in got:
                         rec.update(

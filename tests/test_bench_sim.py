@@ -320,6 +320,15 @@ def test_planned_ratio_is_to_the_best_hand_written_median(planned):
     assert "| u | planned: `--mode sync` | 3.00 [2.00-4.00] | 3/3 |" in table
     assert "**0.857** (vs async)" in table
     assert "| h | sync | - | 0/1 |" in table
+    # async on the plan's workers is shown beside, not counted as hand-written
+    records += [run("u", "async-plan-workers", s, t) for s, t in enumerate([1.0, 1.5])]
+    rows = {(r["cluster"], r["config"]): r for r in planned.rows(records)}
+    assert rows[("u", "planned")]["best_hand_written"] == "async"
+    assert rows[("u", "planned")]["ratio_same_workers"] == pytest.approx(3.0 / 1.25)
+    assert "; 2.400 vs async-plan-workers" in planned.markdown(list(rows.values()), 0.9)
+    assert planned.without_flag(["--a", "1", "--slowdown", "2:4", "--b"], "--slowdown") == [
+        "--a", "1", "--b",
+    ]  # fmt: skip
 
 
 def test_planned_configurations_match_the_clusters(planned, tmp_path):
