@@ -616,30 +616,12 @@ def test_async_resumes_3_workers_and_1_server_as_2_workers_and_2_servers(
         tmp_path,
         4,
         4,
-        [
-            "--mode",
-            "async",
-            "--servers",
-            "1",
-            "--steps",
-            "15",
-            "--checkpoint-every",
-            "15",
-            *chunks,
-        ],
-        [
-            "--mode",
-            "async",
-            "--servers",
-            "2",
-            "--steps",
-            "1000",
-            "--epochs",
-            "1",
-            *chunks,
-        ],
+        ["--mode", "async", "--servers", "1", "--steps", "15",
+         "--checkpoint-every", "15", *chunks],
+        ["--mode", "async", "--servers", "2", "--steps", "1000", "--epochs", "1",
+         *chunks],
         refused=("--steps", "--epochs"),
-    )
+    )  # fmt: skip
     assert s["chunk_counter"] == ("server" if counter == "server" else "window")
     assert manifest["servers"] == 1 and manifest["version"] >= 15
     _read_once(before, after, 0)
