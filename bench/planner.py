@@ -163,7 +163,7 @@ def exhaustive(profile: Profile) -> list[dict]:
         assert chosen.best is not None and chosen.score is not None
         simulated: dict = {}
         start = time.perf_counter()
-        for c in space.candidates_on(space.node_choices()[-1]):
+        for c in (c for n in space.node_choices() for c in space.candidates_on(n)):
             if model.score(c) is None:
                 continue
             simulated[c] = confirm(model, c, timeout=600)["samples_per_sec"]

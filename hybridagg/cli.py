@@ -795,7 +795,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
          + (f", {p.memory_dropped} dropped (over a node type's memory)"
             if p.memory_dropped else "")),
         ("mode", f"{p.mode}, {len(p.groups)} group(s), {p.servers} server(s)"),
-        ("ranks", f"{p.ranks} ({p.workers} workers + {p.servers} servers)"),
+        ("ranks", f"{p.ranks} ({p.workers} workers + {p.servers} servers)"
+         + (f"; of the emulated {cfg.workers} workers the {p.workers} fastest, "
+            f"--slowdown {p.slowdown or '(none)'} renumbered from 0"
+            if cfg.workers and p.workers < cfg.workers else "")),
         ("batches", f"--batch-size {p.batch_size}, "
          + ("speed-proportional" if p.adaptive_batch else "equal")
          + (f" {p.batch_sizes}" if p.workers <= 16 else "")),

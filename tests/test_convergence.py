@@ -292,6 +292,11 @@ def test_the_emulated_space_keeps_whole_speed_classes_fastest_first():
     assert job.ideal_samples_per_sec() == pytest.approx(2 * 500 + 3 * 250)
     with pytest.raises(ValueError, match="1 to 8 of this machine's workers, not 9"):
         model.cluster_for(Candidate("sync", (9,)))
+    # speed classes that are not runs of ranks: the fastest keep rank order
+    mixed = CostModel(machine_cluster(BIG, 4, 0), BIG, workers=4,
+                      slowdown="0:4,1:2,2:1,3:2", sample_ms=1.0)  # fmt: skip
+    assert mixed.worker_counts() == (1, 3, 4)
+    assert mixed.slowdown_for(Candidate("sync", (3,))) == "0:2,2:2"
     changing = CostModel(machine_cluster(BIG, 4, 0), BIG, workers=4,
                          slowdown="2-3:4@0;0-1:4@5", sample_ms=1.0)  # fmt: skip
     assert changing.worker_counts() == (4,)

@@ -583,3 +583,21 @@ def test_compare_searchers_reports_the_policy_gap():
         if run["cost_per_hour"] is not None and run["samples_per_sec"] >= 3000.0:
             assert run["gap"] == pytest.approx(run["cost_per_hour"] / exact_cost - 1)
             assert run["gap"] >= -1e-12  # never better than exact
+
+
+def test_a_plan_on_the_fastest_workers_sets_their_slowdown_and_refuses_the_full_one(
+    tmp_path,
+):
+    model = CostModel(machine_cluster(SMALL, 8, 0), SMALL, workers=8,
+                      slowdown="0-1:1,2-4:2,5-7:4", sample_ms=2.0)  # fmt: skip
+    c = Candidate("async", (5,), "each", 1, "this-machine")
+    path = str(
+        make_plan(model, c, model.score(c), objective="throughput",
+                  min_samples_per_sec=None, searcher="exact").save(tmp_path / "p.json")
+    )  # fmt: skip
+    plan = load_plan(path)
+    assert (plan.workers, plan.ranks, plan.slowdown) == (5, 6, "2-4:2")
+    base = ["train", "--data", "d.h5", "--plan", path]
+    assert _train_config(base).slowdown == "2-4:2"
+    with pytest.raises(ValueError, match="sets --slowdown to 2-4:2, but --slowdown"):
+        _train_config([*base, "--slowdown", "0-1:1,2-4:2,5-7:4"])

@@ -6,11 +6,14 @@ no rank serves it, but the window spans every worker, freeing it is
 collective, and Open MPI does not support its shared-memory windows after a
 process failure (a worker killed while it held the window's lock would
 leave every other worker spinning inside ``MPI_Fetch_and_op``, beyond any
-timeout). With ``--on-group-failure continue`` the counter lives instead in
-a rank that is not allowed to die (parameter server 0, whose loss ends the
-job anyway) and is served by two-sided messages: a dead client can at most
-leave a request unanswered, a surviving client's wait is polled and timed,
-and nothing is collective after start-up.
+timeout), and across nodes without RDMA atomics a draw waits until the
+window's rank next enters MPI. With ``--on-group-failure continue``, and
+for workers on several nodes (:mod:`hybridagg.train.chunks`), the counter
+lives instead in parameter server 0 (whose loss ends the job anyway) and is
+served by two-sided messages: a dead client can at most leave a request
+unanswered, a surviving client's wait is polled and timed, and no draw is
+collective (only the end, ``ChunkService.drain``, of a run that loses no
+group).
 
 :class:`CounterHost` is the serving side (polled from the host's own loop);
 :class:`ServedCounter` is a client, with the interface of the loader's

@@ -424,9 +424,13 @@ class WindowCounter:
     """An atomic chunk counter in an MPI one-sided window on rank 0.
 
     ``fetch_add`` is ``MPI_Fetch_and_op(SUM)`` inside a passive-target
-    ``Lock``/``Unlock`` epoch on rank 0's window: it completes without the
-    target's participation, so a worker never waits for a busy peer, and no
-    rank has to serve requests. The counter is not reset between epochs
+    ``Lock``/``Unlock`` epoch on rank 0's window. Where every worker shares
+    rank 0's node (Open MPI's shared-memory window) it completes without
+    rank 0, so a worker never waits for a busy peer and no rank serves
+    requests; across nodes without RDMA atomics each step waits until rank 0
+    next enters MPI, which is why ``hybridagg train`` then serves the
+    counter from parameter server 0 instead (:mod:`hybridagg.train.chunks`).
+    The counter is not reset between epochs
     (value ``c`` is window ``c mod W`` of epoch ``c div W``, see
     :mod:`hybridagg.data.position`), so no worker waits for another at an
     epoch boundary. :meth:`set` is collective.

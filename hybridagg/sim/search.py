@@ -22,7 +22,7 @@ how many updates its batches and staleness need; and the table, clamped
 below its smallest batch, gives no floor on the samples to the target that
 would turn the rate bound into a time bound. The exact searcher is then
 brute force over the space (the planner's spaces on this machine's
-emulation are a few hundred configurations; beyond ``AUTO_EXACT_LIMIT``
+emulation are a few hundred to a few thousand configurations; beyond ``AUTO_EXACT_LIMIT``
 ``auto`` picks the policy anyway).
 """
 

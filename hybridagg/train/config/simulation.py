@@ -209,8 +209,9 @@ class PlanOptions(Concern):
 
     workers: int | None = option(None, at_least=2, short="-n")
     """this machine's emulation: N workers, which --slowdown and
-    --sample-ms describe; the plan's servers are ranks beside them (its
-    'ranks' says mpiexec -n)"""
+    --sample-ms describe; the plan may use only the fastest of them (its
+    --slowdown then names those, renumbered from 0), and its servers are
+    ranks beside them (its 'ranks' says mpiexec -n)"""
 
     profile: str | None = None
     """profile file from 'hybridagg profile' (what the model needs)"""
