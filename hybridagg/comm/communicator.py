@@ -155,22 +155,14 @@ class Comm:
         timeout: float | None = None,
         poll: Callable[[], object] | None = None,
     ) -> float:
-        """:func:`~hybridagg.comm.wait` with this communicator's timeout and name.
-
-        ``poll``, if given, is called before every test: a service this
-        rank keeps answering while it waits (server 0's chunk counter).
-        """
-        what = f"{what} on {self.name} (rank {self.rank}/{self.size})"
-        timeout = self.timeout if timeout is None else timeout
-        if poll is None:
-            return wait(requests, what=what, timeout=timeout)
-        reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
-
-        def done() -> bool:
-            poll()
-            return bool(MPI.Request.Testall(reqs))
-
-        return wait_until(done, what=what, timeout=timeout)
+        """:func:`~hybridagg.comm.wait` with this communicator's timeout and
+        name (``poll``: called before every test, see there)."""
+        return wait(
+            requests,
+            what=f"{what} on {self.name} (rank {self.rank}/{self.size})",
+            timeout=self.timeout if timeout is None else timeout,
+            poll=poll,
+        )
 
     def wait_for(
         self,

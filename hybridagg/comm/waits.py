@@ -220,6 +220,7 @@ def wait(
     *,
     what: str,
     timeout: float | None = None,
+    poll: Callable[[], object] | None = None,
 ) -> float:
     """Complete one or several MPI requests through :func:`wait_until`.
 
@@ -232,23 +233,33 @@ def wait(
         requests: A request or a sequence of requests.
         what: Operation and peer or group, for the timeout message.
         timeout: Seconds (default ``HYBRIDAGG_TIMEOUT``).
+        poll: Called before every test: a service this rank keeps answering
+            while it waits (server 0's chunk counter).
 
     Returns:
         Seconds waited.
     """
-    if isinstance(requests, MPI.Request):
-        return wait_until(requests.Test, what=what, timeout=timeout)
-    reqs = list(requests)
+    reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
     if not reqs:
         return 0.0
-    if len(reqs) == 1:
-        return wait_until(reqs[0].Test, what=what, timeout=timeout)
     completed = [0]
+    activity = None
+    if len(reqs) == 1:
+        test = reqs[0].Test
+    else:
 
-    def done() -> bool:
-        index = MPI.Request.Testsome(reqs)
-        if index:
-            completed[0] += len(index)
-        return all(r == MPI.REQUEST_NULL for r in reqs)
+        def test() -> bool:
+            index = MPI.Request.Testsome(reqs)
+            if index:
+                completed[0] += len(index)
+            return all(r == MPI.REQUEST_NULL for r in reqs)
 
-    return wait_until(done, what=what, timeout=timeout, activity=lambda: completed[0])
+        activity = lambda: completed[0]  # noqa: E731
+    done = test
+    if poll is not None:
+
+        def done() -> bool:
+            poll()
+            return bool(test())
+
+    return wait_until(done, what=what, timeout=timeout, activity=activity)

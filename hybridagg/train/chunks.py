@@ -6,8 +6,8 @@ usual home is an MPI one-sided window on worker 0
 shared-memory window completes a draw without worker 0, but across nodes
 without RDMA atomics (TCP) the window's lock, fetch and unlock each wait
 until worker 0 next enters MPI, which a paced or computing worker does once
-a step: a draw took three steps, and the drawing thread spun a core
-meanwhile. Across nodes the counter lives instead in parameter server 0,
+a step: a draw waited about two steps, and the drawing thread spun a core
+meanwhile (bench/chunk_draw.py). Across nodes the counter lives instead in parameter server 0,
 whose loop polls for messages all the time (:class:`ChunkService`).
 """
 
