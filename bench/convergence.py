@@ -27,6 +27,18 @@ staleness) and ``updates`` (the median updates to the target; a seed that
 missed it counts as the updates it made plus one, so such a median is a
 lower bound and the cell says how many ``missed``).
 
+Every run validates after every update, so the updates a run would have
+needed at a coarser ``--eval-every E`` (rank 0 validating only when the
+version enters a new bucket of ``E``, as ``hybridagg train`` does) are
+read off the same run: the first validation at or above the target among
+those the coarser cadence keeps. A noisy accuracy curve crosses the
+target sooner when it is looked at more often, so the cadence changes the
+updates a job is measured to take (by a quarter on the digits at
+``E = 5``). ``--eval-every 1,5`` writes one table per cadence: ``points``
+at the first, ``tables`` holding every one, each with its ``eval_every``
+(``hybridagg plan --convergence FILE --eval-every E`` picks one). The
+records keep the derived ``reached`` updates per cadence, not the curves.
+
 Cells that missed can be measured again with a longer ``--steps`` (every
 run trains to the end: the cost is steps, not the target) and merged:
 ``--from-json A.json B.json --json C.json`` rebuilds the table from their
@@ -87,6 +99,67 @@ def run_cell(
     return runs
 
 
+def reached_at(
+    curve_updates: list[int], accuracies: list[float], target: float, every: int
+) -> int | None:
+    """The update at which a run validating every ``every`` updates would
+    first have seen the target, from a run that validated after each update.
+
+    ``hybridagg train`` validates when rank 0's version enters a new bucket
+    of ``every`` (``version // every`` above the last validation's), and at
+    the end; ``curve_updates`` are the versions rank 0 validated at, the
+    last of them the final one.
+
+    Raises:
+        ValueError: Curves of different lengths, or ``every`` < 1.
+    """
+    if len(curve_updates) != len(accuracies):
+        raise ValueError("one update per accuracy expected")
+    if every < 1:
+        raise ValueError(f"eval_every must be >= 1, got {every}")
+    last = 0
+    for i, (v, a) in enumerate(zip(curve_updates, accuracies, strict=True)):
+        final = i == len(curve_updates) - 1
+        if v // every <= last and not final:
+            continue
+        last = v // every
+        if a >= target:
+            return int(v)
+    return None
+
+
+def add_reached(records: list[dict], cadences: list[int], target: float) -> None:
+    """Record in each run the updates to the target per cadence (``reached``),
+    from its curve; a record that has ``reached`` and no curve keeps it."""
+    for r in records:
+        updates = r.get("accuracy_updates")
+        curve = r.get("accuracy_curve")
+        if updates is None or curve is None:
+            continue  # an older record: the cadences its file derived
+        accuracies = [a for _, a in curve]
+        r["reached"] = {
+            str(e): reached_at(updates, accuracies, target, e) for e in cadences
+        }
+
+
+def updates_at(r: dict, every: int) -> int | None:
+    """A run's updates to the target at cadence ``every``.
+
+    Raises:
+        SystemExit: The record holds no curve and no derived value for it.
+    """
+    reached = r.get("reached")
+    if reached is not None and str(every) in reached:
+        return reached[str(every)]
+    if every == 1 and "reached" not in r:
+        return r.get("updates_to_target")  # measured at --eval-every 1
+    raise SystemExit(
+        f"convergence: a record of B {r.get('cell_batch')} workers "
+        f"{r.get('cell_workers')} seed {r.get('seed')} has no updates at "
+        f"--eval-every {every} (its file derived {sorted(reached or {'1': 0})})"
+    )
+
+
 def merge(files: list[list[dict]]) -> list[dict]:
     """Records of several runs of this script: a (B, workers, seed) run of a
     later file replaces the same run of an earlier one; other seeds add."""
@@ -97,8 +170,9 @@ def merge(files: list[list[dict]]) -> list[dict]:
     return list(runs.values())
 
 
-def points(records: list[dict], steps: int) -> list[dict]:
-    """One table point per (B, workers): median staleness and updates to the target.
+def points(records: list[dict], steps: int, every: int = 1) -> list[dict]:
+    """One table point per (B, workers): median staleness and updates to the
+    target at validation cadence ``every``.
 
     A seed that never reached the target counts as the updates it made plus
     one (its summary's ``steps``; else its cell's, else ``steps``): it
@@ -110,11 +184,12 @@ def points(records: list[dict], steps: int) -> list[dict]:
         cells.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
     out = []
     for (batch, workers), runs in sorted(cells.items()):
+        got = [updates_at(r, every) for r in runs]
         u = [
-            int(r["updates_to_target"])
-            if r.get("updates_to_target") is not None
+            int(g)
+            if g is not None
             else int(r.get("steps") or r.get("cell_steps") or steps) + 1
-            for r in runs
+            for g, r in zip(got, runs, strict=True)
         ]
         tau = [float(r.get("mean_staleness") or 0.0) for r in runs]
         out.append(
@@ -126,7 +201,7 @@ def points(records: list[dict], steps: int) -> list[dict]:
                 "updates_range": [min(u), max(u)],
                 "staleness_range": [round(min(tau), 3), round(max(tau), 3)],
                 "seeds": len(runs),
-                "missed": sum(r.get("updates_to_target") is None for r in runs),
+                "missed": sum(g is None for g in got),
             }
         )
     return out
@@ -174,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=400, help="updates each run may take")
     p.add_argument("--target-accuracy", type=float, default=0.9)
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument(
+        "--eval-every",
+        default="1",
+        help="validation cadences to derive tables at (comma-separated; the "
+        "runs validate after every update; the first is the file's points)",
+    )
     p.add_argument("--json")
     p.add_argument(
         "--from-json",
@@ -183,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     batches = _ints(args.batches, "--batches")
     workers = _ints(args.workers, "--workers")
+    cadences = _ints(args.eval_every, "--eval-every")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     if args.from_json:
         loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
@@ -194,8 +276,14 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, key, loaded[0][key])
     else:
         records = measure(batches, workers, args)
-    table = points(records, args.steps)
-    print(markdown(table, args.target_accuracy))
+    add_reached(records, cadences, args.target_accuracy)
+    tables = [
+        {"eval_every": e, "points": points(records, args.steps, e)} for e in cadences
+    ]
+    for t in tables:
+        print(f"# --eval-every {t['eval_every']}")
+        print(markdown(t["points"], args.target_accuracy))
+    table = tables[0]["points"]
     if args.json:
         meta = {
             "command": " ".join(
@@ -217,11 +305,18 @@ def main(argv: list[str] | None = None) -> int:
             ]
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         # the runs' accuracy curves (one point per update) would make the
-        # file megabytes: the table needs the updates to the target alone
-        kept = [{k: v for k, v in r.items() if k != "accuracy_curve"} for r in records]
-        Path(args.json).write_text(
-            json.dumps({**meta, "points": table, "records": kept}, indent=1)
-        )
+        # file megabytes: the tables need the updates to the target alone
+        # (``reached`` keeps them per cadence)
+        curves = ("accuracy_curve", "accuracy_updates")
+        kept = [{k: v for k, v in r.items() if k not in curves} for r in records]
+        body = {
+            **meta,
+            "eval_every": cadences[0],
+            "points": table,
+            "tables": tables,
+            "records": kept,
+        }
+        Path(args.json).write_text(json.dumps(body, indent=1))
     return 0
 
 

@@ -16,7 +16,8 @@ it runs ``hybridagg plan -n W --slowdown S --sample-ms MS --objective
 throughput`` (the model profiled on the spot, or ``--profile FILE``; with
 ``--objective time --convergence FILE``, the plan with the shortest
 predicted time to the target instead, from a ``bench/convergence.py``
-table such as bench/results/sim/convergence-digits.json), then
+table such as bench/results/sim/convergence-digits.json, read at the
+jobs' ``--eval-every``), then
 trains the planned job (``hybridagg train --plan FILE`` on the plan's ranks)
 and the hand-written configurations (as bench/hetero.py writes them: sync;
 hybrid with the workers grouped by speed and one server; async with one
@@ -98,7 +99,10 @@ def plan_argv(cluster: str, args, out: Path, summary: Path) -> list[str]:
     argv = ["plan", "-n", str(workers), "--slowdown", slowdown]
     argv += ["--sample-ms", f"{sample_ms:g}", "--objective", args.objective]
     if args.convergence:
+        # the table at the cadence these jobs validate at (their time to the
+        # target is their first validation at or above it)
         argv += ["--convergence", args.convergence]
+        argv += ["--eval-every", str(args.eval_every)]
     argv += ["--batch-size", str(args.batch_size)]
     if args.profile:
         argv += ["--profile", args.profile]

@@ -817,8 +817,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if p.predicted_time_to_target_s is not None:
         at = [k for k, _ in rows].index("ideal samples/s")
         rows.insert(at, ("predicted time to target",
-                         f"{p.predicted_time_to_target_s:.1f} s "
-                         f"(convergence table {cfg.convergence})"))  # fmt: skip
+                         f"{p.predicted_time_to_target_s:.2f} s, validating "
+                         f"every {p.eval_every} updates (convergence table "
+                         f"{cfg.convergence})"))  # fmt: skip
     if p.pipeline_groups:
         at = [k for k, _ in rows].index("batches")
         cuts = ", ".join(

@@ -357,6 +357,7 @@ def test_planned_configurations_match_the_clusters(planned, tmp_path):
     argv = planned.plan_argv("headline-4x", args, tmp_path / "p", tmp_path / "j")
     assert argv[argv.index("--objective") + 1] == "time"
     assert argv[argv.index("--convergence") + 1] == "c.json"
+    assert argv[argv.index("--eval-every") + 1] == "5"  # the jobs' cadence
     with pytest.raises(SystemExit, match="unknown --configs"):
         planned.main(["--configs", "planned,ddp"])
     for half in (["--objective", "time"], ["--convergence", "c.json"]):
@@ -426,3 +427,78 @@ def test_convergence_cells_and_their_table(convergence, tmp_path):
     path.write_text(json.dumps({"points": points, "records": records}))
     table = load_convergence(path)
     assert table.updates_to_target(16, 1.5) == pytest.approx(66 + (130 - 66) / 2)
+
+
+def test_convergence_reads_coarser_cadences_off_a_run_that_validated_every_update(
+    convergence,
+):
+    """``hybridagg train``'s rule: validate when the version enters a new
+    bucket of ``E``, and at the end; the first of those at the target."""
+    reached = convergence.reached_at
+    # a sync run (every version 1..8 seen); noisy: 0.9 at 3, then below, then at 7
+    updates = list(range(1, 9))
+    acc = [0.5, 0.8, 0.91, 0.85, 0.88, 0.89, 0.93, 0.95]
+    assert reached(updates, acc, 0.9, 1) == 3
+    assert reached(updates, acc, 0.9, 2) == 8  # sees 2, 4, 6, 8 (the end)
+    assert reached(updates, acc, 0.9, 3) == 3  # sees 3, 6, 8
+    assert reached(updates, acc, 0.9, 5) == 8  # sees 5, then the end
+    # an async rank 0 sees versions jump: the first in each bucket is kept
+    seen, acc = [2, 4, 7, 9, 12, 13], [0.5, 0.7, 0.8, 0.92, 0.95, 0.96]
+    assert reached(seen, acc, 0.9, 1) == 9
+    assert reached(seen, acc, 0.9, 5) == 12  # bucket 1: 7 (not 9), bucket 2: 12
+    assert reached(seen, acc, 0.9, 20) == 13  # only the end
+    assert reached(seen, [0.1] * 6, 0.9, 1) is None
+    with pytest.raises(ValueError, match="one update per accuracy"):
+        reached([1, 2], [0.5], 0.9, 1)
+    with pytest.raises(ValueError, match="eval_every must be >= 1"):
+        reached([1], [0.5], 0.9, 0)
+
+
+def test_convergence_writes_one_table_per_cadence_and_plan_reads_each(
+    convergence, tmp_path
+):
+    from hybridagg.sim.convergence import load_convergence
+
+    def run(batch, workers, seed, acc):
+        return {"cell_batch": batch, "cell_workers": workers, "seed": seed,
+                "mean_staleness": 0.0 if workers == 1 else 1.0,
+                "updates_to_target": next(
+                    (i + 1 for i, a in enumerate(acc) if a >= 0.9), None),
+                "accuracy_updates": list(range(1, len(acc) + 1)),
+                "accuracy_curve": [[0.1 * i, a] for i, a in enumerate(acc)]}  # fmt: skip
+
+    noisy = [0.5, 0.91, 0.8, 0.8, 0.85, 0.92]  # 0.9 at 2; every 5: at 6 (the end)
+    records = [run(16, 1, s, noisy) for s in range(3)]
+    records += [run(16, 2, s, [0.5, 0.6, 0.7, 0.8, 0.95, 0.96]) for s in range(3)]
+    convergence.add_reached(records, [1, 5], 0.9)
+    assert records[0]["reached"] == {"1": 2, "5": 6}
+    one, five = convergence.points(records, 6, 1), convergence.points(records, 6, 5)
+    assert [p["updates"] for p in one] == [2, 5]
+    assert [p["updates"] for p in five] == [6, 5]
+    # an older record (no curve, no reached) is the cadence-1 table's only
+    old = {"cell_batch": 16, "cell_workers": 1, "seed": 9, "updates_to_target": 4}
+    assert convergence.updates_at(old, 1) == 4
+    with pytest.raises(SystemExit, match="no updates at --eval-every 5"):
+        convergence.updates_at(old, 5)
+    # the file: --eval-every 1,5 from the records the script measured
+    src = tmp_path / "runs.json"
+    src.write_text(json.dumps({"records": records, "steps": 6, "model": "mlp",
+                               "target_accuracy": 0.9}))  # fmt: skip
+    out = tmp_path / "c.json"
+    assert convergence.main(["--from-json", str(src), "--eval-every", "1,5",
+                             "--json", str(out)]) == 0  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["eval_every"] == 1 and [t["eval_every"] for t in data["tables"]] == [1, 5]
+    assert all("accuracy_curve" not in r and "reached" in r for r in data["records"])
+    assert load_convergence(out).eval_every == 1
+    assert load_convergence(out).updates_to_target(16, 0) == 2
+    at5 = load_convergence(out, 5)
+    assert at5.eval_every == 5 and at5.updates_to_target(16, 0) == 6
+    assert at5.target_accuracy == 0.9
+    with pytest.raises(ValueError, match=r"no table at --eval-every 2 \(it has 1, 5"):
+        load_convergence(out, 2)
+    # the kept records rebuild the same tables (their derived values)
+    again = tmp_path / "again.json"
+    assert convergence.main(["--from-json", str(out), "--eval-every", "5",
+                             "--json", str(again)]) == 0  # fmt: skip
+    assert json.loads(again.read_text())["points"] == data["tables"][1]["points"]

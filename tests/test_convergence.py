@@ -84,6 +84,10 @@ def test_updates_to_target_refuses_bad_arguments():
                      {"batch": 16, "staleness": 0, "updates": 6}]}, "appears twice"),
         ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
           "target_accuracy": 2}, "target_accuracy must be in"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "eval_every": 0}, "eval_every must be an integer >= 1"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "eval_every": "5"}, "eval_every must be an integer >= 1"),
     ],
 )  # fmt: skip
 def test_bad_convergence_files_are_refused(tmp_path, data, message):
@@ -109,6 +113,33 @@ def test_a_file_reads_back_and_extra_keys_are_ignored(tmp_path):
     data["points"][0]["workers"] = 1  # bench/convergence.py's extra keys
     path.write_text(json.dumps(data))
     assert load_convergence(path) == HAND
+
+
+def test_a_file_holds_a_table_per_validation_cadence(tmp_path):
+    """``points`` at the file's ``eval_every``; ``tables`` the same runs at others."""
+    path = tmp_path / "c.json"
+    five = {"eval_every": 5, "points": [{"batch": 16, "staleness": 0, "updates": 7}]}
+    path.write_text(json.dumps({**HAND.as_dict(), "tables": [five]}))
+    assert load_convergence(path) == HAND and HAND.eval_every == 1
+    assert load_convergence(path, 1) == HAND
+    at5 = load_convergence(path, 5)
+    assert at5.eval_every == 5 and at5.points == ((16, 0, 7),)
+    with pytest.raises(ValueError, match=r"no table at --eval-every 10 \(it has 1, 5;"):
+        load_convergence(path, 10)
+    # an older file (no eval_every) was measured validating every update
+    data = HAND.as_dict()
+    del data["eval_every"]
+    path.write_text(json.dumps(data))
+    assert load_convergence(path, 1) == HAND
+    with pytest.raises(ValueError, match=f"convergence file {path}: no table at"):
+        load_convergence(path, 5)
+    path.write_text(json.dumps({**HAND.as_dict(), "tables": 5}))
+    with pytest.raises(ValueError, match="'tables' must be a list"):
+        load_convergence(path, 5)
+    bad = {"eval_every": 5, "points": [{"batch": 16, "staleness": 0, "updates": 0}]}
+    path.write_text(json.dumps({**HAND.as_dict(), "tables": [bad]}))
+    with pytest.raises(ValueError, match="point 0: updates must be > 0"):
+        load_convergence(path, 5)
 
 
 # ------------------------------------------------------ the time to the target
@@ -240,13 +271,28 @@ def test_command_plans_for_time_and_refuses_half_the_pair(tmp_path):
                  "--json", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "predicted time to target" in done.stdout
+    assert "validating every 1 updates" in done.stdout
     data = json.loads(out.read_text())
     assert data["objective"] == "time" and data["mode"] == "sync"
+    assert data["eval_every"] == 1
     assert data["predicted_time_to_target_s"] > 0
     assert data["sync_time_to_target_s"] == data["predicted_time_to_target_s"]
     assert load_plan(out).predicted_time_to_target_s == pytest.approx(
         data["predicted_time_to_target_s"]
     )
+    # the table at the cadence the job validates at; one the file lacks
+    slower = {**STALE.as_dict(), "eval_every": 5}
+    table.write_text(json.dumps({**STALE.as_dict(), "tables": [slower]}))
+    at5 = _plan(*common, "--objective", "time", "--convergence", str(table),
+                "--eval-every", "5", "--json", str(out))  # fmt: skip
+    assert at5.returncode == 0, at5.stderr
+    assert json.loads(out.read_text())["eval_every"] == 5
+    missing = _plan(*common, "--objective", "time", "--convergence", str(table),
+                    "--eval-every", "3")  # fmt: skip
+    assert missing.returncode == 2 and "no table at --eval-every 3" in missing.stderr
+    orphan = _plan(*common, "--eval-every", "5")
+    assert orphan.returncode == 2
+    assert "--eval-every goes with --convergence" in orphan.stderr
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"points": []}))
     refused = _plan(*common, "--objective", "time", "--convergence", str(bad))
@@ -261,7 +307,7 @@ def test_plan_flags_are_exactly_the_published_ones():
 
     assert sorted(option_strings(PlanConfig, PLAN_CONCERNS)) == [
         "--batch-choices", "--batch-size", "--classes", "--cluster",
-        "--confirm-workers", "--convergence", "--data", "--json", "--lr",
+        "--confirm-workers", "--convergence", "--data", "--eval-every", "--json", "--lr",
         "--micro-batches", "--min-samples-per-sec", "--model", "--momentum",
         "--objective", "--optimizer", "--out", "--pipelines", "--profile", "--rounds", "--sample-ms",
         "--sample-shape", "--searcher", "--seed", "--sim-timeout", "--slowdown",

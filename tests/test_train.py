@@ -229,6 +229,15 @@ def test_each_mode_learns_the_digits(digits, tmp_path, nranks, mode):
     assert first == s["time_to_target_s"]
     # and the update it was reached at, within the run's updates
     assert 0 < s["updates_to_target"] <= s["steps"], s
+    # each validation's update: rising, the first crossing's is that update,
+    # the last the final model's; one per --eval-every 10 bucket before it
+    updates = s["accuracy_updates"]
+    assert len(updates) == len(curve) and updates == sorted(updates), updates
+    crossing = next(i for i, (_, a) in enumerate(curve) if a >= 0.85)
+    assert updates[crossing] == s["updates_to_target"], (updates, s)
+    assert updates[-1] == s["steps"], (updates, s)
+    buckets = [u // 10 for u in updates[:-1]]
+    assert buckets == sorted(set(buckets)) and 0 not in buckets, updates
     assert s["samples_per_sec"] > 0 and 0 < s["efficiency"] <= 1.05, s
     # every rank's CPU seconds (servers' too) on this one machine's cores;
     # the emulated compute sleeps, so the cores leave room here

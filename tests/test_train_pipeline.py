@@ -228,6 +228,10 @@ def test_a_pipelined_group_inside_a_hybrid_job_converges_on_digits(digits, tmp_p
     assert s["pipeline"]["groups"] == [0]
     curve = [a for _, a in s["accuracy_curve"]]
     assert len(curve) >= 3 and curve[-1] > curve[0]  # validated during training
+    # the server version of each validation, the last the final one
+    updates = s["accuracy_updates"]
+    assert len(updates) == len(curve) and updates == sorted(updates), updates
+    assert updates[-1] == s["steps"] and updates[0] >= 40, (updates, s["steps"])
     assert s["mean_staleness"] > 0  # the groups really ran asynchronously
 
 

@@ -29,8 +29,18 @@ other groups' updates during its cycle, ``tau_g = c_g sum_{h != g} 1 / c_h``
 (:func:`group_staleness`; ``k`` equal workers: ``k - 1``). Sync makes one
 update of every worker's samples per step, at staleness 0.
 
+A run's updates to the target are those at its first validation at or
+above the target, so they depend on how often it validates
+(``--eval-every``): a noisy accuracy curve crosses the target sooner when
+it is looked at more often. A table holds the updates at one cadence,
+its ``eval_every``.
+
 The file is JSON: an object whose ``points`` is a list of objects with
-``batch`` (> 0), ``staleness`` (>= 0) and ``updates`` (> 0); other keys
+``batch`` (> 0), ``staleness`` (>= 0) and ``updates`` (> 0), with the
+cadence of those points in ``eval_every`` (1 when absent:
+``bench/convergence.py``'s runs validate after every update), and
+optionally ``tables``, a list of objects each with its own ``eval_every``
+and ``points`` (the same runs read at other cadences); other keys
 (``bench/convergence.py``'s runs, ranges, metadata) are ignored.
 """
 
@@ -70,10 +80,13 @@ class ConvergenceTable:
             twice.
         target_accuracy: The accuracy the updates reach (``None``: not
             recorded).
+        eval_every: The validation cadence the updates were counted at
+            (``--eval-every``).
     """
 
     points: tuple[tuple[float, float, float], ...]
     target_accuracy: float | None = None
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -95,6 +108,14 @@ class ConvergenceTable:
                     f"point {i}: batch {b:g} at staleness {tau:g} appears twice"
                 )
             seen.add((b, tau))
+        if (
+            isinstance(self.eval_every, bool)
+            or not isinstance(self.eval_every, int)
+            or self.eval_every < 1
+        ):
+            raise ValueError(
+                f"eval_every must be an integer >= 1, got {self.eval_every!r}"
+            )
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(
                 f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}"
@@ -143,16 +164,50 @@ class ConvergenceTable:
 
     @classmethod
     def from_dict(
-        cls, data: Any, *, where: str = "convergence table"
+        cls,
+        data: Any,
+        *,
+        where: str = "convergence table",
+        eval_every: int | None = None,
     ) -> ConvergenceTable:
         """The table of a JSON object (see the module).
 
+        Args:
+            data: The file's object.
+            where: What to name in errors.
+            eval_every: The cadence to read the table at (``None``: the
+                object's own ``points``).
+
         Raises:
-            ValueError: Not an object with a list of ``points``, or a bad
-                point; the message names ``where`` and the point.
+            ValueError: Not an object with a list of ``points``, a bad
+                point, or no table at ``eval_every``; the message names
+                ``where`` and the point or the cadences there are.
         """
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object with 'points'")
+        own = data.get("eval_every", 1)
+        if eval_every is not None and eval_every != own:
+            tables = data.get("tables")
+            if tables is not None and not isinstance(tables, list):
+                raise ValueError(f"{where}: 'tables' must be a list")
+            found = [
+                t for t in tables or []
+                if isinstance(t, dict) and t.get("eval_every") == eval_every
+            ]  # fmt: skip
+            if not found:
+                have = sorted(
+                    {own}
+                    | {t.get("eval_every") for t in tables or [] if isinstance(t, dict)}
+                    - {None},
+                    key=str,
+                )
+                raise ValueError(
+                    f"{where}: no table at --eval-every {eval_every} (it has "
+                    f"{', '.join(map(str, have))}; bench/convergence.py "
+                    f"--eval-every derives others from the same runs)"
+                )
+            data = {**found[0], "target_accuracy": data.get("target_accuracy")}
+            own = eval_every
         points = data.get("points")
         if not isinstance(points, list) or not points:
             raise ValueError(f"{where}: 'points' must be a non-empty list")
@@ -168,7 +223,7 @@ class ConvergenceTable:
         try:
             if target is not None:
                 target = _number(target, "target_accuracy")
-            return cls(tuple(triples), target)
+            return cls(tuple(triples), target, own)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
@@ -176,18 +231,26 @@ class ConvergenceTable:
         """The table as the file's JSON object."""
         return {
             "target_accuracy": self.target_accuracy,
+            "eval_every": self.eval_every,
             "points": [
                 {"batch": b, "staleness": t, "updates": u} for b, t, u in self.points
             ],
         }
 
 
-def load_convergence(path: str | Path) -> ConvergenceTable:
+def load_convergence(
+    path: str | Path, eval_every: int | None = None
+) -> ConvergenceTable:
     """Read and check a convergence file (``bench/convergence.py --json``).
 
+    Args:
+        path: The file.
+        eval_every: Its table at this validation cadence (``None``: its
+            ``points``).
+
     Raises:
-        ValueError: A missing or unreadable file, or a bad table; the
-            message names the file.
+        ValueError: A missing or unreadable file, a bad table, or none at
+            ``eval_every``; the message names the file.
     """
     path = Path(path)
     try:
@@ -198,7 +261,9 @@ def load_convergence(path: str | Path) -> ConvergenceTable:
         raise ValueError(
             f"convergence file {path} cannot be read as JSON: {exc}"
         ) from None
-    return ConvergenceTable.from_dict(data, where=f"convergence file {path}")
+    return ConvergenceTable.from_dict(
+        data, where=f"convergence file {path}", eval_every=eval_every
+    )
 
 
 def group_staleness(cycles: Sequence[float]) -> list[float]:

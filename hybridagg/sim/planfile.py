@@ -142,6 +142,9 @@ class Plan:
     """seconds to the target accuracy the convergence table predicts (``None``:
     planned without one)"""
     sync_time_to_target_s: float | None = None
+    eval_every: int | None = None
+    """the validation cadence (``--eval-every``) the time to the target was
+    predicted at: the convergence table's (``None``: no table)"""
     simulated_samples_per_sec: float | None = None
     evaluated: int = 0
     memory_dropped: int = 0
@@ -254,6 +257,9 @@ def make_plan(
         ideal_samples_per_sec=score.ideal_samples_per_sec,
         cost_per_hour=score.cost_per_hour,
         predicted_time_to_target_s=score.time_to_target_s,
+        eval_every=(
+            None if model.convergence is None else model.convergence.eval_every
+        ),
         wire=model.wire,
         slowdown=model.slowdown_for(c),
         sample_ms=float(model.sample_ms),

@@ -61,6 +61,7 @@ class PlanRequest(Protocol):
     objective: str
     min_samples_per_sec: float | None
     convergence: str | None
+    eval_every: int | None
     pipelines: str
     micro_batches: int
     searcher: str
@@ -95,7 +96,9 @@ def make_model(options: PlanRequest, profile: Profile) -> CostModel:
         convergence=(
             None
             if options.convergence is None
-            else load_convergence(options.convergence)
+            else load_convergence(
+                options.convergence, getattr(options, "eval_every", None)
+            )
         ),
         micro_batches=int(getattr(options, "micro_batches", 4)),
     )

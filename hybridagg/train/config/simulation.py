@@ -260,6 +260,11 @@ class PlanOptions(Concern):
     """with --objective time: convergence table (bench/convergence.py
     --json): updates to the target per samples per update and staleness"""
 
+    eval_every: int | None = option(None, at_least=1)
+    """with --convergence: the --eval-every the planned job validates at
+    (the file's table at that cadence; default: the file's first): how
+    often a run looks changes when it is seen to reach the target"""
+
     pipelines: str = option("auto", choices=("auto", "off"))
     """auto: also consider hybrid groups that are pipelines (each group of
     several ranks holds consecutive stages of the model, cut by the exact
@@ -329,6 +334,8 @@ class PlanOptions(Concern):
             )
         if self.objective != "time" and self.convergence is not None:
             raise ValueError("--convergence goes with --objective time")
+        if self.eval_every is not None and self.convergence is None:
+            raise ValueError("--eval-every goes with --convergence")
         from ...sim.space import parse_batch_choices
         from ...slowdown import parse_slowdown
 

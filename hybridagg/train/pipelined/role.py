@@ -313,6 +313,7 @@ class PipelinedWorkerRole:
         self.busy = self.wait = 0.0
         self.stale_sum = 0
         self.curve: list[tuple[float, float]] = []
+        self.curve_updates: list[int] = []  # the version of each curve point
         self.first_target: float | None = None
         self.first_target_update: int | None = None
         self.last_eval = 0
@@ -593,6 +594,7 @@ class PipelinedWorkerRole:
             )
             if accuracy is not None:
                 self.curve.append((t, accuracy))
+                self.curve_updates.append(int(version))
                 target = self.cfg.target_accuracy
                 if (
                     target is not None
@@ -658,6 +660,7 @@ class PipelinedWorkerRole:
             final_accuracy=accuracy,
             final_loss=loss,
             accuracy_curve=self.curve,
+            accuracy_updates=self.curve_updates,
             resumed_from=None,
             run_id=self.start.run_id,
             resharded=None,

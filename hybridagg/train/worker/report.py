@@ -28,6 +28,7 @@ def summarize(
     run_id: str,
     resharded: dict | None = None,
     accuracy_curve: list[tuple[float, float]] | None = None,
+    accuracy_updates: list[int] | None = None,
     updates_to_target: int | None = None,
     final_loss: float | None = None,
 ) -> dict:
@@ -47,6 +48,9 @@ def summarize(
             other ranks, servers or groups (``None``: not resharded).
         accuracy_curve: ``(training seconds, accuracy)`` of each validation
             (compares modes at equal training time).
+        accuracy_updates: The update (sync step or server version) of each
+            point of ``accuracy_curve`` (what a table of updates to the
+            target at another ``--eval-every`` is derived from).
         updates_to_target: The update at which the target was first reached.
         final_loss: The validation loss at the end (with ``--loss mse`` the
             mean squared error).
@@ -93,6 +97,7 @@ def summarize(
         "loss": cfg.loss,
         "final_loss": final_loss,
         "accuracy_curve": [[t, a] for t, a in (accuracy_curve or [])],
+        "accuracy_updates": [int(v) for v in (accuracy_updates or [])],
         "steps": updates,
         "epochs": epochs,
         "stall_fraction": sum(r["wait_s"] for r in workers) / busy if busy else 0.0,

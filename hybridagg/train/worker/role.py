@@ -401,6 +401,7 @@ class WorkerRole:
                 final_accuracy=self.validation.final_accuracy,
                 final_loss=self.validation.final_loss,
                 accuracy_curve=self.validation.curve,
+                accuracy_updates=self.validation.curve_updates,
                 resumed_from=self.resume,
                 run_id=self.start.run_id,
                 resharded=self.resharded,

@@ -177,6 +177,7 @@ class SurvivingWorker:
             final_accuracy=role.validation.final_accuracy,
             final_loss=role.validation.final_loss,
             accuracy_curve=role.validation.curve,
+            accuracy_updates=role.validation.curve_updates,
             resumed_from=role.resume,
             run_id=role.start.run_id,
         )

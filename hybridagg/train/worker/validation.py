@@ -68,6 +68,8 @@ class Validation:
         """The validation loss at the end of training (rank 0; the MSE with --loss mse)."""
         self.curve: list[tuple[float, float]] = []
         """(training seconds, accuracy) of every validation of this run (rank 0)."""
+        self.curve_updates: list[int] = []
+        """The update (sync step or server version) of each point of ``curve``."""
         self._last_bucket = opt.server_version // cfg.eval_every
         self._pulled: torch.Tensor | None = None  # the weights a validation pulls
 
@@ -102,6 +104,7 @@ class Validation:
         self.final_accuracy, self.final_loss = accuracy, loss
         if accuracy is not None:
             self.curve.append((train_time, accuracy))
+            self.curve_updates.append(int(opt.server_version))
         target = self.cfg.target_accuracy
         if (
             target is not None
