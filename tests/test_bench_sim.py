@@ -488,7 +488,10 @@ def test_convergence_writes_one_table_per_cadence_and_plan_reads_each(
     assert convergence.main(["--from-json", str(src), "--eval-every", "1,5",
                              "--json", str(out)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
-    assert data["eval_every"] == 1 and [t["eval_every"] for t in data["tables"]] == [1, 5]
+    assert data["eval_every"] == 1 and [t["eval_every"] for t in data["tables"]] == [
+        1,
+        5,
+    ]
     assert all("accuracy_curve" not in r and "reached" in r for r in data["records"])
     assert load_convergence(out).eval_every == 1
     assert load_convergence(out).updates_to_target(16, 0) == 2
