@@ -150,6 +150,26 @@ def test_groups_and_servers_must_fit():
         build_job(options(mode="hybrid", groups="0-1,2-5"), gpus(4), PROFILE)
 
 
+def test_a_window_counter_across_nodes_is_refused_not_ignored():
+    # across nodes a window's draw waits for worker 0's next MPI call, which
+    # the simulator does not model; the default (server 0) and one node are
+    two_nodes = nodes_of(2, 2)
+    window = dict(mode="async", servers=1, chunk_counter="window")
+    with pytest.raises(
+        ValueError,
+        match="does not model --chunk-counter window with workers on 2 nodes",
+    ):
+        build_job(options(**window), two_nodes, PROFILE)
+    for kw in (
+        {**window, "chunk_counter": "auto"},
+        {**window, "chunk_counter": "server"},
+    ):
+        assert build_job(options(**kw), two_nodes, PROFILE).mode == "async"
+    assert build_job(options(**window), nodes_of(1, 4), PROFILE).mode == "async"
+    # (sync draws nothing: its shares are fixed)
+    assert build_job(options(chunk_counter="window"), two_nodes, PROFILE).mode == "sync"
+
+
 def test_adaptive_batches_follow_speed():
     job = build_job(options(adaptive_batch=True, slowdown="2-3:3"), gpus(4), PROFILE)
     assert [w["batch"] for w in job.workers] == [48, 48, 16, 16]

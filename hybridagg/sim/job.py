@@ -481,6 +481,7 @@ def build_job(
         for rank, b in enumerate(_adaptive_batches(options, groups, speeds)):
             workers[rank]["batch"] = b
     _pipelines(options, profile, job_args)
+    _chunk_counter(options, job_args)
     if options.epochs is not None:
         if samples is None:
             raise ValueError(
@@ -490,6 +491,26 @@ def build_job(
     elif options.steps is None:
         raise ValueError("give --steps N (or --epochs with --data or --samples)")
     return SimJob(**job_args)
+
+
+def _chunk_counter(options: JobOptions, job_args: dict[str, Any]) -> None:
+    """Refuse the one chunk counter the simulator does not model.
+
+    A draw from server 0 (the default across nodes) or from a window on one
+    node takes well under a millisecond, once per chunk, and is left out. A
+    window across nodes completes a draw only when worker 0 next enters
+    MPI, about two of its steps later (bench/chunk_draw.py): a wait the
+    simulator would silently miss.
+    """
+    if options.mode == "sync" or getattr(options, "chunk_counter", "auto") != "window":
+        return
+    nodes = {w["node"] for w in job_args["workers"]}
+    if len(nodes) > 1:
+        raise ValueError(
+            "hybridagg simulate does not model --chunk-counter window with workers "
+            f"on {len(nodes)} nodes (a draw waits for worker 0's next MPI call, "
+            "about two of its steps); drop the flag (auto draws from server 0 there)"
+        )
 
 
 def _pipelines(
