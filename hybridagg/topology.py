@@ -85,6 +85,15 @@ class Comms:
         leaders: Group leaders followed by the servers, in world-rank order
             (``None`` on workers that are not leaders).
         node: Ranks on this node.
+        chunks: The workers followed by server 0, for the data's chunk
+            counter that server 0 serves (:mod:`hybridagg.train.chunks`);
+            ``None`` without servers and on the other servers.
+        chunks_in_use: Whether a :class:`hybridagg.data.ShareSampler`
+            holds server 0's counter now (one sampler at a time draws from
+            it; the same on every worker: samplers are made and freed
+            collectively).
+        chunks_used: Whether one ever did (the counter then no longer
+            starts at 0).
     """
 
     world: object
@@ -92,10 +101,20 @@ class Comms:
     group: object | None
     leaders: object | None
     node: object
+    chunks: object | None = None
+    chunks_in_use: bool = False
+    chunks_used: bool = False
 
     def free(self) -> None:
         """Free every communicator hybridagg created."""
-        for comm in (self.group, self.leaders, self.workers, self.node, self.world):
+        for comm in (
+            self.chunks,
+            self.group,
+            self.leaders,
+            self.workers,
+            self.node,
+            self.world,
+        ):
             if comm is not None:
                 comm.free()
 
@@ -644,7 +663,21 @@ def init(
     in_leaders = topo.is_leader or topo.is_server
     leaders = world.split(0 if in_leaders else None, world.rank, name="leaders+servers")
     node = world.split_shared(name="node")
-    comms = Comms(world=world, workers=workers, group=group, leaders=leaders, node=node)
+    # server 0 serves the dynamic shares' chunk counter by messages where a
+    # window would be slow (workers on several nodes); every job with
+    # servers gets the communicator, so a one-node job can ask for it too
+    chunks = None
+    if topo.servers:
+        member = topo.is_worker or world.rank == topo.servers[0]
+        chunks = world.split(0 if member else None, world.rank, name="chunk counter")
+    comms = Comms(
+        world=world,
+        workers=workers,
+        group=group,
+        leaders=leaders,
+        node=node,
+        chunks=chunks,
+    )
     if train_on.startswith("cuda") and topo.is_worker:
         torch.cuda.set_device(torch.device(train_on))
     global _CURRENT

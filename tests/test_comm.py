@@ -318,3 +318,34 @@ def test_server_threads_read_and_check_their_variable(monkeypatch):
         monkeypatch.setenv("HYBRIDAGG_SERVER_THREADS", bad)
         with pytest.raises(ValueError, match="HYBRIDAGG_SERVER_THREADS"):
             server_threads()
+
+
+@pytest.mark.mpi(ranks=3, timeout=60)
+def test_a_counter_host_answers_from_a_thread_while_its_rank_cannot_poll():
+    """Server 0's start-up: the host's own thread answers the clients' draws
+    while its main thread waits for something only those draws unblock."""
+    from hybridagg.comm import Comm
+    from hybridagg.comm.counter import CounterHost, ServedCounter
+
+    comm = Comm(name="test")
+    clients = comm.split(0 if comm.rank < 2 else None, comm.rank, name="clients")
+    if comm.rank == 2:
+        host = CounterHost(comm, [0, 1])
+        with host.background():
+            # no poll here: each client reports after its ten draws, which
+            # only the thread can have answered
+            done = [comm.recv(c, tag=5, what="client's draws") for c in (0, 1)]
+        assert sorted(done[0] + done[1]) == list(range(20)), done
+        # the main thread's turn (the server's loop): the clients' set
+        comm.barrier(what="clients set the counter", poll=host.poll)
+        assert host.value == 7
+        host.close()
+    else:
+        counter = ServedCounter(comm, 2, clients)
+        mine = [counter.fetch_add() for _ in range(10)]
+        req, _buf = comm.isend(mine, 2, tag=5)
+        comm.wait(req, "the report")
+        counter.set(7)
+        comm.barrier(what="clients set the counter")
+        clients.free()
+    comm.free()

@@ -228,6 +228,17 @@ def test_workers_that_disagree_get_the_same_error():
         ShareSampler(100, batch_size=4, comm=comm, seed=comm.rank)
     with pytest.raises(ValueError, match=r"\[rank 1\] batch_size must be >= 1"):
         ShareSampler(100, batch_size=1 - comm.rank, comm=comm)
+    # where dynamic shares draw from: a known counter, one that exists, alike
+    dynamic = dict(batch_size=4, comm=comm, shares="dynamic")
+    with pytest.raises(ValueError, match="counter must be one of auto, window, server"):
+        ShareSampler(100, **dynamic, counter="nope")
+    with pytest.raises(ValueError, match="counter='server' needs topology="):
+        ShareSampler(100, **dynamic, counter="server")
+    with pytest.raises(ValueError, match="every worker must give the same"):
+        ShareSampler(100, **dynamic, counter=("auto", "window")[comm.rank])
+    with ShareSampler(100, **dynamic, counter="window") as s:  # what auto is here
+        every = sorted(i for v in comm.allgather(list(s)) for i in v)
+        assert every == list(range(100))
     comm.free()
 
 
@@ -239,7 +250,7 @@ import torch
 import hybridagg
 from hybridagg.data import HDF5Dataset, ShareSampler
 
-mode = sys.argv[2]
+mode, counter = sys.argv[2], sys.argv[3]
 topo = hybridagg.init(groups="0,1-2" if mode == "hybrid" else "world",
                       servers=1 if mode == "hybrid" else 0)
 if topo.is_server:
@@ -248,25 +259,39 @@ if topo.is_server:
 torch.manual_seed(0)
 data = HDF5Dataset(sys.argv[1], normalize=True,
                    transform=lambda x: x + 0.05 * torch.randn_like(x))  # augmentation
-# static shares in sync mode, dynamic shares by group in hybrid mode
-sampler = ShareSampler(data, batch_size=16, topology=topo)
-assert sampler.shares == ("static" if mode == "sync" else "dynamic")
-loader = torch.utils.data.DataLoader(data, batch_size=16, sampler=sampler,
-                                     num_workers=1)
+# static shares in sync mode, dynamic shares by group in hybrid mode (with
+# counter "server": drawn from server 0, as across nodes)
+def make():
+    return ShareSampler(data, batch_size=16, topology=topo, counter=counter)
+
+
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
                             torch.nn.Linear(64, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 opt = hybridagg.DistributedOptimizer(opt, model=model, topology=topo, mode=mode)
 seen = 0
-for epoch in range(4):
-    sampler.set_epoch(epoch)
-    for x, y in loader:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        seen += len(y)
+# two samplers one after the other (the second continues from epoch 2): the
+# second takes server 0's counter over from the first and starts it again
+for first in (0, 2):
+    sampler = make()
+    assert sampler.shares == ("static" if mode == "sync" else "dynamic")
+    if counter == "server":  # one sampler at a time holds it
+        try:
+            make()
+            raise AssertionError("a second sampler took server 0's counter")
+        except ValueError as exc:
+            assert "another ShareSampler holds server 0's counter" in str(exc)
+    loader = torch.utils.data.DataLoader(data, batch_size=16, sampler=sampler,
+                                         num_workers=1)
+    for epoch in range(first, first + 2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            seen += len(y)
+    sampler.free()
 opt.finish()
-sampler.free()
 total = topo.comms.workers.allreduce(seen)
 if topo.rank == 0:
     val = HDF5Dataset(sys.argv[1], "val", normalize=True)
@@ -278,17 +303,25 @@ if topo.rank == 0:
 """
 
 
-@pytest.mark.parametrize("mode,nranks", [("sync", 3), ("hybrid", 4)])
-def test_a_users_loop_with_the_sampler_and_a_dataloader_learns(tmp_path, mode, nranks):
+@pytest.mark.parametrize(
+    "mode,nranks,counter",
+    [("sync", 3, "auto"), ("hybrid", 4, "auto"), ("hybrid", 4, "server")],
+)
+def test_a_users_loop_with_the_sampler_and_a_dataloader_learns(
+    tmp_path, mode, nranks, counter
+):
     from hybridagg.data import convert_digits
 
     data = convert_digits(tmp_path / "digits.h5", val_fraction=0.2, seed=0)
     script = tmp_path / "user.py"
     script.write_text(USER_SCRIPT)
-    argv = runner.mpiexec_argv(nranks, [sys.executable, str(script), str(data), mode])
+    argv = runner.mpiexec_argv(
+        nranks, [sys.executable, str(script), str(data), mode, counter]
+    )
     env = runner.mpiexec_env()
     env["PYTHONPATH"] = str(ROOT)
     env["HYBRIDAGG_TIMEOUT"] = "60"
+    env["HYBRIDAGG_LOG_LEVEL"] = "INFO"  # (rank 0's note of the counter)
     result = runner.run_job(argv, timeout=300, env=env)
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-3000:]
@@ -299,3 +332,6 @@ def test_a_users_loop_with_the_sampler_and_a_dataloader_learns(tmp_path, mode, n
     # of two pads at most one sample an epoch
     assert total <= samples <= total + (4 if mode == "hybrid" else 0), line
     assert acc > 0.85, line  # chance is 0.1
+    if mode == "hybrid":  # rank 0 says where the chunks come from
+        home = "parameter server 0" if counter == "server" else "a window on worker 0"
+        assert f"the workers draw their chunks from {home}" in text, text[-3000:]

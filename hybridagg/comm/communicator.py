@@ -280,18 +280,31 @@ class Comm:
         payload = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8)
         return self.mpi.Isend([payload, MPI.UINT8_T], dest, tag), payload
 
-    def recv(self, source: int, tag: int = 0, *, what: str = "") -> Any:
-        """Receive a picklable object sent with :meth:`isend` (polled)."""
+    def recv(
+        self,
+        source: int,
+        tag: int = 0,
+        *,
+        what: str = "",
+        poll: Callable[[], object] | None = None,
+    ) -> Any:
+        """Receive a picklable object sent with :meth:`isend` (polled).
+
+        ``poll``: called while waiting (a service of this rank's own).
+        """
         if not isinstance(source, numbers.Integral) or isinstance(source, bool):
             raise TypeError(
                 f"Comm.recv takes a source rank, got {type(source).__name__} "
                 "(use Comm.Irecv to receive into a buffer)"
             )
         status = MPI.Status()
-        self.wait_for(
-            lambda: self.mpi.Iprobe(source, tag, status),
-            what or f"object from rank {source} (tag {tag})",
-        )
+
+        def arrived() -> bool:
+            if poll is not None:
+                poll()
+            return self.mpi.Iprobe(source, tag, status)
+
+        self.wait_for(arrived, what or f"object from rank {source} (tag {tag})")
         payload = np.empty(status.Get_count(MPI.UINT8_T), dtype=np.uint8)
         req = self.mpi.Irecv([payload, MPI.UINT8_T], status.Get_source(), tag)
         self.wait(req, what or f"object from rank {source}")

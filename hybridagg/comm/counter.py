@@ -22,8 +22,10 @@ counters (``fetch_add``, ``read``, ``set``, ``reset``, ``free``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -95,6 +97,39 @@ class CounterHost:
             self._listen(c)
             served += 1
         return served
+
+    @contextlib.contextmanager
+    def background(self, interval: float = 0.0005) -> Iterator[None]:
+        """Answer requests from a thread while the block runs.
+
+        For a host's own slow steps that cannot poll: a server's start-up
+        builds its optimizer, whose first construction imports for most of
+        a second, while workers already draw their first chunks. The block
+        must not call :meth:`poll` itself (one poller at a time).
+
+        Args:
+            interval: Seconds the thread sleeps between polls.
+        """
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                while not stop.is_set():
+                    if not self.poll():
+                        time.sleep(interval)
+            except BaseException as exc:  # re-raised by the block's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=loop, name="chunk counter", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
         """Stop serving: cancel the posted receives, forget the replies in flight."""

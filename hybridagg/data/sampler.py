@@ -13,8 +13,8 @@ and want hybridagg's division of the data, the one its
   samples remain at the end than workers; none with ``drop_last``). No
   communication after construction.
 * ``shares="dynamic"`` (hybrid and async modes): the epoch's order is cut
-  into chunks of ``chunk_samples``, drawn from one counter in an MPI window
-  (the protocol of :mod:`.position`: the counter runs on across epochs, so
+  into chunks of ``chunk_samples``, drawn from one counter (the protocol of
+  :mod:`.position`: the counter runs on across epochs, so
   no group ever waits for another at an epoch boundary), so a fast group
   takes more chunks and a slow one fewer, and every chunk of an epoch goes
   to exactly one group. Inside a group of several workers (``group=``), which
@@ -23,7 +23,12 @@ and want hybridagg's division of the data, the one its
   worker gets its batch size of every round, so every worker of the group
   takes the same number of steps (the last, partial round gives each worker
   at least one sample, padded like ``DistributedSampler`` when fewer remain
-  than workers).
+  than workers). The counter is an MPI window on worker 0 when every worker
+  is on one node; across nodes, where a window's draw waits until worker 0
+  next enters MPI (about two of its steps: bench/chunk_draw.py), parameter
+  server 0 holds it and answers draws by messages (:func:`hybridagg.serve`
+  does, from its start until every group is done). One sampler at a time
+  draws from server 0; another made meanwhile gets a window.
 
 The ``DataLoader`` iterates the sampler in the main process, also with
 ``num_workers > 0``: the counter is only ever touched there. The workers of
@@ -44,6 +49,7 @@ each epoch by speed and finish together;
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -56,6 +62,8 @@ from .position import DynamicTrack, counter_pieces
 from .shares import LocalCounter, WindowCounter, intervals_length, split_even_steps
 
 __all__ = ["ShareSampler"]
+
+_log = logging.getLogger(__name__)
 
 # Default chunk of dynamic shares, in batches of the largest batch size: small
 # enough that workers finish an epoch close together, large enough that the
@@ -92,6 +100,31 @@ def _length(data: Sized | int) -> int:
     return n
 
 
+COUNTERS = ("auto", "window", "server")
+
+
+def _check_counter(choice: str, topology: Any) -> None:
+    """Raise if the counter ``choice`` cannot be had (the same on every worker)."""
+    if choice not in COUNTERS:
+        raise ValueError(
+            f"counter must be one of {', '.join(COUNTERS)} or a counter object, "
+            f"got {choice!r}"
+        )
+    if choice != "server":
+        return
+    comms = topology.comms if topology is not None else None
+    if comms is None or comms.chunks is None:
+        raise ValueError(
+            "counter='server' needs topology= from hybridagg.init with servers "
+            "(server 0 holds the counter)"
+        )
+    if comms.chunks_in_use:
+        raise ValueError(
+            "counter='server': another ShareSampler holds server 0's counter; "
+            "free() it first, or give this one counter='window'"
+        )
+
+
 class ShareSampler(torch.utils.data.Sampler):
     """This worker's sample indices of every epoch, for ``DataLoader(sampler=...)``.
 
@@ -125,9 +158,13 @@ class ShareSampler(torch.utils.data.Sampler):
             sample is then read twice in an epoch).
         chunk_samples: Dynamic shares: samples per chunk (default: four
             batches of the largest batch size).
-        counter: Dynamic shares: the counter chunks are drawn from
-            (``fetch_add``, ``read``, ``set``, ``free``); default: an MPI
-            window over the workers (a local one without ``comm``).
+        counter: Dynamic shares: where chunks are drawn from. ``"auto"``
+            (default): with ``topology`` on several nodes, parameter server
+            0 (when no other sampler holds it), else an MPI window over the
+            workers (a local counter without ``comm``); ``"window"``;
+            ``"server"`` (needs ``topology`` with servers and no other
+            sampler holding it); or an object with ``fetch_add``, ``read``,
+            ``set``, ``free``.
 
     Attributes:
         epoch: The epoch the next iteration covers; advanced after a whole
@@ -173,6 +210,7 @@ class ShareSampler(torch.utils.data.Sampler):
         self.size = self.comm.size if self.comm else 1
         self.counter: Any = None
         self.group: Any = None
+        self._served: Any = None  # the Comms whose server-0 counter this holds
         err: BaseException | None = None
         mine: tuple = ()
         try:
@@ -192,11 +230,14 @@ class ShareSampler(torch.utils.data.Sampler):
                     raise ValueError(f"{name} must be >= {low}, got {value}")
             if chunk_samples is not None and int(chunk_samples) < 1:
                 raise ValueError(f"chunk_samples must be >= 1, got {chunk_samples}")
+            if isinstance(counter, str) and shares == "dynamic":
+                _check_counter(counter, topology)
             mine = (
                 int(batch_size),
-                (self.length, shares, int(seed), bool(shuffle), bool(drop_last)),
+                (self.length, shares, int(seed), bool(shuffle), bool(drop_last),
+                 counter if isinstance(counter, str) else None),
                 chunk_samples,
-            )
+            )  # fmt: skip
         except (TypeError, ValueError) as exc:
             err = exc
         self._agree(err)
@@ -227,9 +268,8 @@ class ShareSampler(torch.utils.data.Sampler):
                 # nothing is exchanged after this, so nothing stays held
                 self.free()
             return
-        if counter is None:
-            # collective: the counter's window is created over the workers
-            counter = WindowCounter(self.comm) if self.comm else LocalCounter()
+        if counter is None or isinstance(counter, str):
+            counter = self._made_counter(counter, topology)
         self.counter = counter
         self.track = DynamicTrack(
             n_windows=-(-self.length // self.chunk), epoch=self.epoch
@@ -244,6 +284,35 @@ class ShareSampler(torch.utils.data.Sampler):
                 int(b)
                 for b in self.group.allgather(int(batch_size), what="group batch sizes")
             ]
+
+    def _made_counter(self, choice: str | None, topology: Any) -> Any:
+        """The counter ``choice`` names (collective over the workers; the
+        arguments were checked alike on every worker)."""
+        comms = topology.comms if topology is not None else None
+        served = comms is not None and comms.chunks is not None
+        if choice == "server" or (
+            choice in (None, "auto")
+            and served
+            and len({topology.hosts[r] for r in topology.workers}) > 1
+            and not comms.chunks_in_use
+        ):
+            from ..comm.counter import ServedCounter
+
+            counter = ServedCounter(comms.chunks, comms.chunks.size - 1, self.comm)
+            if comms.chunks_used:  # a sampler before this one moved it on
+                counter.reset()
+            comms.chunks_in_use = comms.chunks_used = True
+            self._served = comms
+            where = "parameter server 0"
+        elif self.comm:
+            # collective: the counter's window is created over the workers
+            counter = WindowCounter(self.comm)
+            where = "a window on worker 0"
+        else:
+            return LocalCounter()
+        if self.rank == 0:
+            _log.info("ShareSampler: the workers draw their chunks from %s", where)
+        return counter
 
     def _agree(self, err: BaseException | None) -> None:
         if self.comm:
@@ -261,7 +330,8 @@ class ShareSampler(torch.utils.data.Sampler):
             if view[1:] != head[1:]:
                 raise ValueError(
                     f"worker {r} made its ShareSampler with (length, shares, seed, "
-                    f"shuffle, drop_last) = {view[1]} and chunk_samples {view[2]}, "
+                    f"shuffle, drop_last, counter) = {view[1]} and chunk_samples "
+                    f"{view[2]}, "
                     f"worker 0 with {head[1]} and {head[2]}; every worker must "
                     "give the same"
                 )
@@ -377,6 +447,9 @@ class ShareSampler(torch.utils.data.Sampler):
         if self.counter is not None:
             self.counter.free()
             self.counter = None
+        if self._served is not None:
+            self._served.chunks_in_use = False
+            self._served = None
         if self.group is not None:
             self.group.free()
             self.group = None

@@ -41,6 +41,7 @@ wait for the next push").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -192,8 +193,10 @@ class _Server:
         self._next_check = 0.0
         self.num_groups = groups = topology.num_groups
         self.server = ps.rank - groups
+        # (a worker may draw its data's first chunk from server 0 before
+        # rank 0's optimizer sends this: keep answering meanwhile)
         spec: ServerSpec = ps.recv(
-            0, P.INIT, what="parameter-server start-up from rank 0"
+            0, P.INIT, what="parameter-server start-up from rank 0", poll=poll
         )
         if spec.initial_from is not None:
             spec = _receive_initial(ps, spec)
@@ -476,7 +479,13 @@ def serve(
             the others go on; a dead server raises :class:`PeerFailure`.
         on_drop: ``f(group, dead_world_rank)`` when a group is dropped.
         poll: Called whenever the server tests for the next message (a
-            service of its own, e.g. the chunk counter).
+            service of its own, e.g. the chunk counter). Without it, server
+            0 serves the topology's chunk counter
+            (:attr:`hybridagg.topology.Comms.chunks`), which a
+            :class:`hybridagg.data.ShareSampler` with dynamic shares draws
+            from across nodes, from its start-up until every group is done
+            (a group's leader draws its group's chunks and says it is done
+            after its last step).
         final_to: At the end, ``f(stats)`` returns the group whose leader
             receives the final shards (``None``: nobody); default leader 0.
         fault: ``f(version)`` after every update (tests' fault injection).
@@ -502,22 +511,38 @@ def serve(
     threads = server_threads()
     if threads is not None:
         configure_threads(threads)
-    server = _Server(
-        topology,
-        timeout,
-        checkpoint_every,
-        on_snapshot,
-        on_commit,
-        stop_requested,
-        restore,
-        on_batch,
-        drop_lost,
-        on_drop,
-        poll,
-        fault,
-        reshard,
-        ps,
-    )
-    if on_ready is not None:
-        on_ready()
-    return server.run(final_to)
+    host = None
+    comms = topology.comms
+    if poll is None and comms is not None and comms.chunks is not None:
+        from ..comm.counter import CounterHost
+
+        host = CounterHost(comms.chunks, range(topology.num_workers))
+        poll = host.poll
+    try:
+        # (hosting the counter: a thread answers draws through the start-up,
+        # whose first optimizer takes most of a second to import; the loop
+        # polls it after)
+        with host.background() if host is not None else contextlib.nullcontext():
+            server = _Server(
+                topology,
+                timeout,
+                checkpoint_every,
+                on_snapshot,
+                on_commit,
+                stop_requested,
+                restore,
+                on_batch,
+                drop_lost,
+                on_drop,
+                None if host is not None else poll,
+                fault,
+                reshard,
+                ps,
+            )
+        server.poll = poll
+        if on_ready is not None:
+            on_ready()
+        return server.run(final_to)
+    finally:
+        if host is not None:
+            host.close()

@@ -8,7 +8,11 @@ without RDMA atomics (TCP) the window's lock, fetch and unlock each wait
 until worker 0 next enters MPI, which a paced or computing worker does once
 a step: a draw waited about two steps, and the drawing thread spun a core
 meanwhile (bench/chunk_draw.py). Across nodes the counter lives instead in parameter server 0,
-whose loop polls for messages all the time (:class:`ChunkService`).
+whose loop polls for messages all the time (:class:`ChunkService`), on the
+communicator :func:`hybridagg.init` makes for it in every job with servers
+(:attr:`hybridagg.topology.Comms.chunks`). A user's own loop gets the same
+through :class:`hybridagg.data.ShareSampler`, whose draws
+:func:`hybridagg.serve` answers.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ class ChunkService:
     worker) and this module (workers on several nodes).
 
     Attributes:
-        comm: The workers and server 0 (``None`` on the other servers).
+        comm: The workers and server 0 (``None`` on the other servers): the
+            topology's (:attr:`hybridagg.topology.Comms.chunks`), which
+            frees it.
         client: A worker's counter (``None`` on servers).
         host: Server 0's side (``None`` elsewhere).
     """
@@ -102,12 +108,16 @@ class ChunkService:
 
     @classmethod
     def build(cls, topo: Topology) -> ChunkService:
-        """Create it (collective over the world)."""
+        """Create it on the topology's chunk-counter communicator (not
+        collective: :func:`hybridagg.init` made that communicator).
+
+        Raises:
+            ValueError: A topology without servers.
+        """
+        if not topo.servers or topo.comms is None:
+            raise ValueError("the chunk counter lives on server 0: no servers")
         home = topo.servers[0]
-        member = topo.is_worker or topo.rank == home
-        comm = topo.comms.world.split(
-            0 if member else None, topo.rank, name="chunk counter"
-        )
+        comm = topo.comms.chunks
         if comm is None:
             return cls(None)
         if topo.rank == home:  # (the highest rank of comm)

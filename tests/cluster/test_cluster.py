@@ -15,6 +15,8 @@ What is checked against what:
   digits, and the bytes between hosts went through the host links (the
   kernel's counters on each host's interface);
 * a pipelined group whose stages sit on two hosts learns the digits;
+* a user's own loop with ``ShareSampler`` across hosts draws its chunks
+  from server 0 and takes every sample of each epoch;
 * servers beside the workers (a server slot on each host) run there, and a
   hybrid job with a group and a server per host learns the digits;
 * an all-reduce across two hosts moves at the link's rate (the shaper is
@@ -138,6 +140,22 @@ def test_hybrid_job_with_a_group_per_host_learns_the_digits(cluster, tmp_path):
     # the leaders' pushes and pulls of the model (tens of KiB per step) went
     # through the servers' host link, both ways
     assert moved["ps"][0] > 1 << 20 and moved["ps"][1] > 1 << 20, moved
+    assert job_processes(spec) == []
+
+
+@pytest.mark.parametrize("cluster", ["three-hosts.toml"], indirect=True)
+def test_a_users_share_sampler_across_hosts_draws_from_server_0(cluster):
+    path, spec = cluster
+    result = run_on(path, [sys.executable, HERE / "share_sampler_probe.py"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    got = json.loads(line)
+    # not the window, whose draws across TCP wait for worker 0's next MPI call
+    assert got["counter"] == "ServedCounter", got
+    # every sample of each epoch taken; a group of two pads at most one
+    assert all(e["all"] and 0 <= e["extra"] <= 2 for e in got["epochs"]), got
+    fast, slow = sum(got["samples"][:2]), sum(got["samples"][2:])
+    assert slow < fast, got  # the slower group took less of each epoch
     assert job_processes(spec) == []
 
 
