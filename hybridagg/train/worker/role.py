@@ -343,7 +343,10 @@ class WorkerRole:
         self.final_version = self.opt.finish()
         self.loader.close()
         if not halted:
-            self.validation.maybe_run(final=True)
+            sync = self.cfg.mode == "sync"
+            self.validation.maybe_run(
+                final=True, version=None if sync else self.final_version
+            )
             if self.rank == 0:
                 self.save_model()
         self.board.close()

@@ -159,7 +159,7 @@ class SurvivingWorker:
                 loss=role.cfg.loss,
                 statistics=local.statistics,
             )
-        role.validation.maybe_run(final=True)
+        role.validation.maybe_run(final=True, version=role.final_version)
 
     def _summary(self, endings: list[Ending], verdict: Verdict) -> dict:
         role, cfg, topo = self.role, self.role.cfg, self.role.topo

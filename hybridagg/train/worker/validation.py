@@ -73,12 +73,20 @@ class Validation:
         self._last_bucket = opt.server_version // cfg.eval_every
         self._pulled: torch.Tensor | None = None  # the weights a validation pulls
 
-    def maybe_run(self, final: bool = False) -> None:
-        """Validate if an ``--eval-every`` boundary was crossed, or at the end."""
+    def maybe_run(self, final: bool = False, version: int | None = None) -> None:
+        """Validate if an ``--eval-every`` boundary was crossed, or at the end.
+
+        Args:
+            final: The end of training: validate the final weights.
+            version: Their update (the servers' final version, which rank 0
+                may not have seen in its last step); default the
+                optimizer's.
+        """
         if self.evaluator is None:
             return
         opt = self.opt
-        bucket = opt.server_version // self.cfg.eval_every
+        seen = opt.server_version if version is None else int(version)
+        bucket = seen // self.cfg.eval_every
         if not final and bucket <= self._last_bucket:
             return
         self._last_bucket = bucket
@@ -104,7 +112,7 @@ class Validation:
         self.final_accuracy, self.final_loss = accuracy, loss
         if accuracy is not None:
             self.curve.append((train_time, accuracy))
-            self.curve_updates.append(int(opt.server_version))
+            self.curve_updates.append(seen)
         target = self.cfg.target_accuracy
         if (
             target is not None
@@ -113,11 +121,11 @@ class Validation:
             and self.first_target is None
         ):
             self.first_target = train_time
-            self.first_target_update = opt.server_version
+            self.first_target_update = seen
         self.metrics.write(
             "eval",
             t=self.clock.since_start(),
-            version=opt.server_version,
+            version=seen,
             accuracy=accuracy,
             loss=loss,
             eval_s=seconds,
@@ -125,4 +133,4 @@ class Validation:
             final=final,
         )
         if self.board is not None:
-            self.board.validation(opt.server_version, accuracy, loss)
+            self.board.validation(seen, accuracy, loss)
