@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from ..comm import Comm
 from ..comm.process import configure_threads
@@ -518,11 +519,12 @@ def serve(
 
         host = CounterHost(comms.chunks, range(topology.num_workers))
         poll = host.poll
+    # hosting the counter: a thread answers draws through the start-up, whose
+    # first optimizer takes most of a second to import (where MPI allows
+    # threads; else the start-up's wait for rank 0 polls it); the loop after
+    threaded = host is not None and MPI.Query_thread() >= MPI.THREAD_MULTIPLE
     try:
-        # (hosting the counter: a thread answers draws through the start-up,
-        # whose first optimizer takes most of a second to import; the loop
-        # polls it after)
-        with host.background() if host is not None else contextlib.nullcontext():
+        with host.background() if threaded else contextlib.nullcontext():
             server = _Server(
                 topology,
                 timeout,
@@ -534,7 +536,7 @@ def serve(
                 on_batch,
                 drop_lost,
                 on_drop,
-                None if host is not None else poll,
+                None if threaded else poll,
                 fault,
                 reshard,
                 ps,

@@ -10,7 +10,8 @@ and servers: ``mpiexec -n``), ``nodes`` used per node type, ``train_args``
 (the best synchronous all-reduce configuration, for comparison) and, when
 the simulator confirmed it, ``simulated_samples_per_sec``; under
 ``--objective time``, ``predicted_time_to_target_s`` (and the best sync
-configuration's, ``sync_time_to_target_s``). A plan with pipelined groups
+configuration's, ``sync_time_to_target_s``) at the validation cadence of
+the convergence table it used (``eval_every``). A plan with pipelined groups
 names them (``pipeline_groups``: group indices, ``--pipeline-groups``) with
 its ``micro_batches`` and the predicted cut of each (``pipeline_bounds``:
 unit bounds per pipelined group, what the run's own program is expected to
