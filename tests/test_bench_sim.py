@@ -373,11 +373,14 @@ def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
     assert planned.main(argv) == 0
     data = json.loads(out.read_text())
     (plan,) = data["plans"]
-    assert plan["emulation"] == "headline-4x" and plan["workers"] == 4
+    # (all 4 workers, or the 2 fast ones alone: which wins on samples/s
+    # turns on the profile measured on the spot, under whatever else runs)
+    assert plan["emulation"] == "headline-4x" and plan["workers"] in (2, 4), plan
     assert [(r["config"], r["seed"]) for r in data["records"]] == [
         ("planned", 0), ("sync", 0),
     ]  # fmt: skip
     assert data["records"][0]["train_args"] == plan["train_args"]
+    assert data["records"][0]["workers"] == plan["workers"]  # the plan's ranks
     assert all(r["samples_per_sec"] > 0 for r in data["records"])
     capsys.readouterr()
     assert planned.main(["--from-json", str(out)]) == 0
