@@ -23,7 +23,8 @@ one MPI job trains every seed in a row::
 The JSON holds the runs (``records``) and, under ``points``, the table that
 ``hybridagg plan --convergence FILE`` reads (hybridagg/sim/convergence.py):
 per cell ``batch``, ``staleness`` (the median of the seeds' measured mean
-staleness) and ``updates`` (the median updates to the target; a seed that
+staleness; with the runs' ``damping`` rule it gives the point's drift) and
+``updates`` (the median updates to the target; a seed that
 missed it counts as the updates it made plus one, so such a median is a
 lower bound and the cell says how many ``missed``).
 
@@ -38,6 +39,16 @@ updates a job is measured to take (by a quarter on the digits at
 at the first, ``tables`` holding every one, each with its ``eval_every``
 (``hybridagg plan --convergence FILE --eval-every E`` picks one). The
 records keep the derived ``reached`` updates per cadence, not the curves.
+
+Async updates' worth depends on how the workers' steps line up, so the
+table should come from steps as long as the predicted jobs': ``--sample-ms``
+paces every worker as ``hybridagg train --sample-ms`` does. Unpaced, this
+38 KB model's sub-millisecond steps on oversubscribed cores were another
+regime: 4 equal workers needed 81.5 updates at B = 32 unpaced and 112
+paced at 1 ms a sample (bench/RESULTS.md, "Drift"). ``--run-eval-every R``
+makes the runs validate every ``R`` updates themselves (tables only at
+multiples of ``R``): validating after every step is work on worker 0 that
+the predicted jobs do not do.
 
 Cells that missed can be measured again with a longer ``--steps`` (every
 run trains to the end: the cost is steps, not the target) and merged:
@@ -68,8 +79,9 @@ def train_args(batch: int, workers: int, args: argparse.Namespace) -> list[str]:
         *mode,
         "--data", args.data, "--model", args.model,
         "--batch-size", str(batch), "--lr", repr(args.lr * batch / args.base_batch),
-        "--steps", str(args.steps), "--eval-every", "1",
+        "--steps", str(args.steps), "--eval-every", str(args.run_eval_every),
         "--target-accuracy", str(args.target_accuracy), "--no-progress",
+        *(["--sample-ms", repr(args.sample_ms)] if args.sample_ms else []),
     ]  # fmt: skip
 
 
@@ -96,6 +108,7 @@ def run_cell(
     for r in runs:
         r["cell_batch"], r["cell_workers"] = batch, workers
         r["cell_steps"] = args.steps
+        r["cell_eval_every"] = args.run_eval_every
     return runs
 
 
@@ -136,6 +149,13 @@ def add_reached(records: list[dict], cadences: list[int], target: float) -> None
         curve = r.get("accuracy_curve")
         if updates is None or curve is None:
             continue  # an older record: the cadences its file derived
+        own = int(r.get("cell_eval_every") or 1)
+        coarser = [e for e in cadences if e % own]
+        if coarser:
+            raise SystemExit(
+                f"convergence: runs that validated every {own} updates cannot "
+                f"give --eval-every {coarser[0]} (only multiples of {own})"
+            )
         accuracies = [a for _, a in curve]
         r["reached"] = {
             str(e): reached_at(updates, accuracies, target, e) for e in cadences
@@ -248,12 +268,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=0, help="seeds from this one on")
     p.add_argument("--steps", type=int, default=400, help="updates each run may take")
     p.add_argument("--target-accuracy", type=float, default=0.9)
+    p.add_argument(
+        "--sample-ms",
+        type=float,
+        default=0.0,
+        help="pace every worker to this many ms a sample (hybridagg train's "
+        "--sample-ms): steps of the length the planned jobs have, not a "
+        "small model's sub-millisecond ones",
+    )
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument(
         "--eval-every",
         default="1",
         help="validation cadences to derive tables at (comma-separated; the "
         "runs validate after every update; the first is the file's points)",
+    )
+    p.add_argument(
+        "--run-eval-every",
+        type=int,
+        default=1,
+        help="the runs' own validation cadence (default 1); --eval-every "
+        "must be multiples of it (validating after every update is work on "
+        "worker 0 that a job validating less often does not do)",
     )
     p.add_argument("--json")
     p.add_argument(
@@ -265,12 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     batches = _ints(args.batches, "--batches")
     workers = _ints(args.workers, "--workers")
     cadences = _ints(args.eval_every, "--eval-every")
+    if args.run_eval_every < 1:
+        raise SystemExit("--run-eval-every must be >= 1")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     if args.from_json:
         loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
         records = merge([d["records"] for d in loaded])
         started = ", ".join(str(d.get("started")) for d in loaded)
         args.steps = max(int(d.get("steps") or args.steps) for d in loaded)
+        paces = {float(r.get("sample_ms") or 0.0) for r in records}
+        if len(paces) > 1:
+            raise SystemExit(
+                f"the runs were paced differently: --sample-ms {sorted(paces)}"
+            )
+        args.sample_ms = paces.pop() if paces else 0.0
         for key in ("model", "data", "target_accuracy", "lr", "base_batch"):
             if loaded[0].get(key) is not None:  # what the runs were, not the flags
                 setattr(args, key, loaded[0][key])
@@ -297,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             "lr": args.lr,
             "base_batch": args.base_batch,
             "steps": args.steps,
+            "sample_ms": args.sample_ms,
         }
         if args.from_json:
             meta["sources"] = [
@@ -309,8 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         # (``reached`` keeps them per cadence)
         curves = ("accuracy_curve", "accuracy_updates")
         kept = [{k: v for k, v in r.items() if k not in curves} for r in records]
+        # the servers' damping rule of the async runs: a point's drift is
+        # its staleness damped by it (hybridagg/sim/convergence.py)
+        rules = {r.get("damping") for r in records} - {None}
+        if len(rules) > 1:
+            raise SystemExit(f"the runs used different damping rules: {sorted(rules)}")
         body = {
             **meta,
+            "damping": rules.pop() if rules else "inverse",
             "eval_every": cadences[0],
             "points": table,
             "tables": tables,

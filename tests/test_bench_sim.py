@@ -395,15 +395,21 @@ def test_convergence_cells_and_their_table(convergence, tmp_path):
 
     args = argparse.Namespace(
         data="d.h5", model="mlp", lr=0.05, base_batch=32, steps=400,
-        target_accuracy=0.9,
+        target_accuracy=0.9, sample_ms=0.0, run_eval_every=1,
     )  # fmt: skip
     one = convergence.train_args(16, 1, args)
     assert one[:2] == ["--mode", "sync"] and "--servers" not in one
     assert one[one.index("--lr") + 1] == "0.025"  # lr x B / B0
     assert one[one.index("--eval-every") + 1] == "1"
+    assert "--sample-ms" not in one
     four = convergence.train_args(128, 4, args)
     assert four[:4] == ["--mode", "async", "--servers", "1"]
     assert four[four.index("--lr") + 1] == "0.2"
+    # paced runs at their own cadence
+    args.sample_ms, args.run_eval_every = 1.0, 5
+    paced = convergence.train_args(32, 2, args)
+    assert paced[paced.index("--sample-ms") + 1] == "1.0"
+    assert paced[paced.index("--eval-every") + 1] == "5"
 
     def rec(batch, workers, updates, tau, seed):
         return {"cell_batch": batch, "cell_workers": workers, "seed": seed,
@@ -429,7 +435,10 @@ def test_convergence_cells_and_their_table(convergence, tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"points": points, "records": records}))
     table = load_convergence(path)
-    assert table.updates_to_target(16, 1.5) == pytest.approx(66 + (130 - 66) / 2)
+    # halfway in drift (staleness 3 is drift 0.75 under the default damping)
+    assert table.updates_to_target(16, drift=0.375) == pytest.approx(
+        66 + (130 - 66) / 2
+    )
 
 
 def test_convergence_reads_coarser_cadences_off_a_run_that_validated_every_update(
@@ -508,3 +517,35 @@ def test_convergence_writes_one_table_per_cadence_and_plan_reads_each(
     assert convergence.main(["--from-json", str(out), "--eval-every", "5",
                              "--json", str(again)]) == 0  # fmt: skip
     assert json.loads(again.read_text())["points"] == data["tables"][1]["points"]
+    # the async runs' damping rule goes into the file (drift = staleness damped)
+    assert data["damping"] == "inverse" and at5.damping == "inverse"
+    for r in records:
+        r["damping"] = None if r["cell_workers"] == 1 else "sqrt"
+    src.write_text(json.dumps({"records": records, "steps": 6}))
+    assert convergence.main(["--from-json", str(src), "--json", str(out)]) == 0
+    assert load_convergence(out, 1).damping == "sqrt"
+    records[-1]["damping"] = "none"
+    src.write_text(json.dumps({"records": records, "steps": 6}))
+    with pytest.raises(SystemExit, match="different damping rules"):
+        convergence.main(["--from-json", str(src), "--json", str(out)])
+    records[-1]["damping"] = "sqrt"
+    # runs paced alike are one table; paced differently, refused
+    for r in records:
+        r["sample_ms"] = 1.0
+    src.write_text(json.dumps({"records": records, "steps": 6}))
+    assert convergence.main(["--from-json", str(src), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["sample_ms"] == 1.0
+    records[0]["sample_ms"] = 0.0
+    src.write_text(json.dumps({"records": records, "steps": 6}))
+    with pytest.raises(SystemExit, match="paced differently"):
+        convergence.main(["--from-json", str(src), "--json", str(out)])
+    records[0]["sample_ms"] = 1.0
+    # runs that validated every 5 updates give 5, 10, ... and not 1
+    for r in records:
+        r["cell_eval_every"] = 5
+    convergence.add_reached(records, [5, 10], 0.9)
+    assert records[0]["reached"] == {"5": 6, "10": 6}
+    with pytest.raises(SystemExit, match="cannot give --eval-every 1"):
+        convergence.add_reached(records, [1, 5], 0.9)
+    with pytest.raises(SystemExit, match="--run-eval-every must be >= 1"):
+        convergence.main(["--from-json", str(src), "--run-eval-every", "0"])

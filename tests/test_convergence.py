@@ -14,6 +14,7 @@ from test_sim import PACED
 
 from hybridagg.sim.convergence import (
     ConvergenceTable,
+    group_drift,
     group_staleness,
     load_convergence,
     time_to_target,
@@ -26,8 +27,14 @@ from hybridagg.sim.profile import Profile, save_profile
 from hybridagg.sim.search import Objective, exact_search
 from hybridagg.sim.space import Candidate, CostModel, Space
 
-#: U(16, 0) = 100, U(16, 4) = 200, U(64, 0) = 40, U(64, 4) = 120
-HAND = ConvergenceTable(((16, 0, 100), (16, 4, 200), (64, 0, 40), (64, 4, 120)))
+#: U(16, 0) = 100, U(16, 4) = 200, U(64, 0) = 40, U(64, 4) = 120; undamped
+#: runs, so a point's drift is its staleness and values are easy by hand
+HAND = ConvergenceTable(
+    ((16, 0, 100), (16, 4, 200), (64, 0, 40), (64, 4, 120)), damping="none"
+)
+#: equal workers under the default damping: drift tau / (1 + tau), so the
+#: points sit at drift 0, 0.5, 0.75 and 0.875
+INV = ConvergenceTable(((32, 0, 50), (32, 1, 70), (32, 3, 100), (32, 7, 300)))
 
 
 # ------------------------------------------------------------- interpolation
@@ -38,7 +45,8 @@ HAND = ConvergenceTable(((16, 0, 100), (16, 4, 200), (64, 0, 40), (64, 4, 120)))
         (64, 4, 120),
         (16, 2, 150),  # halfway in tau
         (64, 1, 60),
-        (16, 9, 200),  # clamped above the largest tau
+        (16, 6, 400),  # beyond: progress 1/100 -> 1/200 over 4, on to 1/400 at 6
+        (16, 9, math.inf),  # beyond: progress 0 at 8, floored there
         (32, 0, 70),  # halfway in log B: log 32 is halfway between log 16, log 64
         (32, 2, 115),  # both: (150 + 80) / 2
         (128, 2, 80),  # clamped above the largest B
@@ -52,10 +60,61 @@ def test_updates_to_target_interpolates_by_hand(batch, tau, updates):
 
 
 def test_a_batch_measured_at_one_staleness_is_flat_in_staleness():
-    table = ConvergenceTable(((32, 0, 50), (128, 0, 20), (128, 3, 80)))
+    table = ConvergenceTable(((32, 0, 50), (128, 0, 20), (128, 3, 80)), damping="none")
     assert table.updates_to_target(32, 7) == 50
     # between B 32 and 128 at tau 1.5: (50 + 50) / 2
     assert table.updates_to_target(64, 1.5) == pytest.approx(50)
+
+
+def test_a_points_drift_is_its_staleness_damped():
+    assert [INV.drift(t) for t in (0, 1, 3, 7)] == pytest.approx([0, 0.5, 0.75, 0.875])
+    assert HAND.drift(3) == 3
+    sqrt = ConvergenceTable(INV.points, damping="sqrt")
+    assert sqrt.drift(3) == pytest.approx(1.5)
+    # a point reads back at its staleness and at its drift alike
+    assert INV.updates_to_target(32, 3) == INV.updates_to_target(32, drift=0.75) == 100
+
+
+@pytest.mark.parametrize(
+    ("drift", "updates"),
+    [
+        (0.0, 50),
+        (0.625, 85),  # halfway between drift 0.5 (70) and 0.75 (100)
+        (0.875, 300),
+        # beyond: progress 1/100 at 0.75, 1/300 at 0.875, on along that
+        # line (steeper than the fall to zero at 1.75): 1/500 at 0.9, zero
+        # at 0.9375
+        (0.9, 500),
+        (0.9375, math.inf),
+        (3.2, math.inf),
+    ],
+)
+def test_updates_along_drift_and_beyond_the_table(drift, updates):
+    assert INV.updates_to_target(32, drift=drift) == pytest.approx(updates, rel=1e-12)
+
+
+def test_progress_beyond_the_table_falls_to_zero_at_twice_its_drift():
+    # U falls from tau 1 to tau 3 (drift 0.5 to 0.75): past the last point
+    # the progress does not rise; it falls to zero at drift 1.5
+    rising = ConvergenceTable(((32, 0, 50), (32, 1, 70), (32, 3, 60)))
+    assert rising.updates_to_target(32, drift=0.75) == 60
+    assert rising.updates_to_target(32, drift=1.0) == pytest.approx(90)  # 1/60 x 2/3
+    assert rising.updates_to_target(32, drift=1.5) == math.inf
+    # one point at drift 0.5: zero at 1
+    one = ConvergenceTable(((32, 1, 70),))
+    assert one.updates_to_target(32, drift=0.75) == pytest.approx(140)
+    assert one.updates_to_target(32, drift=3) == math.inf
+    # a batch measured at drift 0 alone says nothing about staleness: flat
+    assert ConvergenceTable(((32, 0, 50),)).updates_to_target(32, drift=3) == 50
+
+
+def test_a_batch_between_two_whose_updates_buy_nothing_buys_nothing():
+    table = ConvergenceTable(((16, 0, 100), (16, 7, 110), (64, 0, 40), (64, 1, 400)))
+    # drift 0.8: B 64's progress is gone (zero at 0.5 + 1/400 / slope),
+    # B 16's is not
+    assert math.isfinite(table.updates_to_target(16, drift=0.8))
+    assert table.updates_to_target(64, drift=0.8) == math.inf
+    assert table.updates_to_target(32, drift=0.8) == math.inf
 
 
 def test_updates_to_target_refuses_bad_arguments():
@@ -65,6 +124,12 @@ def test_updates_to_target_refuses_bad_arguments():
         HAND.updates_to_target(16, -1)
     with pytest.raises(ValueError, match="staleness must be finite"):
         HAND.updates_to_target(16, math.nan)
+    with pytest.raises(ValueError, match="drift must be >= 0"):
+        HAND.updates_to_target(16, drift=-0.5)
+    with pytest.raises(ValueError, match="drift must be finite"):
+        HAND.updates_to_target(16, drift=math.inf)
+    with pytest.raises(ValueError, match="damping must be one of inverse, sqrt, none"):
+        ConvergenceTable(HAND.points, damping="linear")
 
 
 # ------------------------------------------------------------------- the file
@@ -88,6 +153,8 @@ def test_updates_to_target_refuses_bad_arguments():
           "eval_every": 0}, "eval_every must be an integer >= 1"),
         ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
           "eval_every": "5"}, "eval_every must be an integer >= 1"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "damping": "linear"}, "damping must be one of"),
     ],
 )  # fmt: skip
 def test_bad_convergence_files_are_refused(tmp_path, data, message):
@@ -124,13 +191,15 @@ def test_a_file_holds_a_table_per_validation_cadence(tmp_path):
     assert load_convergence(path, 1) == HAND
     at5 = load_convergence(path, 5)
     assert at5.eval_every == 5 and at5.points == ((16, 0, 7),)
+    assert at5.damping == "none"  # the file's rule, for every table in it
     with pytest.raises(ValueError, match=r"no table at --eval-every 10 \(it has 1, 5;"):
         load_convergence(path, 10)
-    # an older file (no eval_every) was measured validating every update
+    # an older file (no eval_every, no damping) was measured validating
+    # every update, under the default damping
     data = HAND.as_dict()
-    del data["eval_every"]
+    del data["eval_every"], data["damping"]
     path.write_text(json.dumps(data))
-    assert load_convergence(path, 1) == HAND
+    assert load_convergence(path, 1) == ConvergenceTable(HAND.points)
     with pytest.raises(ValueError, match=f"convergence file {path}: no table at"):
         load_convergence(path, 5)
     path.write_text(json.dumps({**HAND.as_dict(), "tables": 5}))
@@ -149,6 +218,26 @@ def test_group_staleness_is_the_other_groups_updates_in_a_cycle():
     assert group_staleness([5.0]) == [0.0]
     with pytest.raises(ValueError, match="cycles must be > 0"):
         group_staleness([1.0, 0.0])
+
+
+def test_group_drift_is_the_other_groups_updates_damped():
+    # equal groups: (k - 1) / k under the default rule, staleness undamped
+    assert group_drift([1.0] * 4) == pytest.approx([0.75] * 4)
+    assert group_drift([1.0] * 4, "none") == pytest.approx(group_staleness([1.0] * 4))
+    # a fast group (tau 0.25, damped 0.8) and a 4x slower one (tau 4, 0.2)
+    assert group_drift([1.0, 4.0]) == pytest.approx([0.05, 3.2])
+    with pytest.raises(ValueError, match="damping rule must be one of"):
+        group_drift([1.0, 2.0], "linear")
+
+
+def test_a_slow_groups_updates_past_the_tables_drift_buy_nothing():
+    # the fast group at drift 0.05 (U 52), the slow one at 3.2 (nothing)
+    assert time_to_target(INV, "async", [32, 32], [1.0, 4.0]) == pytest.approx(52)
+    # keyed by staleness (4, clamped at the table's 7) the slow group's
+    # updates would have counted
+    steep = ConvergenceTable(((32, 0, 50), (32, 1, 1000)))
+    assert time_to_target(steep, "async", [32] * 4, [1.0] * 4) == math.inf
+    assert time_to_target(steep, "sync", [32] * 4, [1.0] * 4) == 50
 
 
 def test_time_to_target_by_hand():
@@ -170,8 +259,11 @@ def test_time_to_target_by_hand():
 BIG = Profile(**{**PACED.__dict__, "parameters": 10_000_000})
 #: staleness hurts a lot, larger updates help
 STALE = ConvergenceTable(((32, 0, 100), (32, 3, 1000), (128, 0, 30), (128, 3, 300)))
-#: samples to the target 4,096 whatever the batch and staleness
-FREE = ConvergenceTable(tuple((b, t, 4096 / b) for b in (32, 64, 128) for t in (0, 3)))
+#: samples to the target 4,096 whatever the batch and staleness (measured
+#: far enough that no group's drift is beyond the table)
+FREE = ConvergenceTable(
+    tuple((b, t, 4096 / b) for b in (32, 64, 128) for t in (0, 1000)), damping="none"
+)
 
 
 def _model(table: ConvergenceTable | None) -> CostModel:

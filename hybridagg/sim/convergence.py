@@ -7,27 +7,52 @@ statistical efficiency, OSDI'21; "steps to result", Shallue et al., 2019).
 A :class:`ConvergenceTable` holds measured points: samples per update
 ``B``, staleness ``tau`` (the updates the model took between an update's
 read of the weights and its own), and the median updates ``U`` a run needs
-to reach the target accuracy (``bench/convergence.py`` measures them).
+to reach the target accuracy (``bench/convergence.py`` measures them, with
+``k`` equal workers: ``tau = k - 1``).
+
+**Drift, not staleness, is what a stale update pays for.** The servers damp
+an update of staleness ``tau`` by ``d(tau)`` (``1 / (1 + tau)`` by
+default, :func:`hybridagg.ps.compensation.damping`), so what separates the
+weights an update was computed on from those it lands on is the *drift*:
+the damped updates in between, ``D = sum d(tau_h)``, in undamped updates.
+With ``k`` equal workers every update sees ``k - 1`` others damped by
+``1 / k``: ``D = tau d(tau) = (k - 1) / k``, below one however many
+workers, which is what the damping is for. A slow worker among fast ones
+is different: its ``tau`` fast updates are nearly undamped, so its drift
+is about ``tau``, far beyond anything equal workers measure (the headline
+cluster's 4x-slower workers: ``D`` about 3). Keyed by staleness, the table
+gave those updates the worth of an equal worker's at the same ``tau``;
+measured, they bought nothing (bench/RESULTS.md, "Drift: what a slow
+worker's update is worth").
 
 :meth:`ConvergenceTable.updates_to_target` interpolates ``U`` at any
-``(B, tau)``: per measured ``B``, linearly in ``tau`` between its points;
-between two measured ``B``, linearly in ``log B``; clamped at the table's
-edges in ``tau`` and above its largest ``B`` (outside them the table says
+``(B, D)``: per measured ``B``, linearly in drift between its points (each
+point's drift ``tau d(tau)``, the table's ``damping`` rule); beyond its
+largest measured drift the *progress per update* ``1 / U`` falls: along
+the line through its last two points where they fall, and in any case
+linearly to zero at twice that drift, floored at zero (``U`` infinite: the
+update moves the model nowhere useful). The table says nothing out there;
+equal workers never reach drift 1, and measured mixed runs at drift 3 got
+nothing from those updates, so the fall has to end before that, and twice
+the table's reach is the assumption. Below its smallest drift, and beyond
+a batch measured at drift 0 alone, clamped. Between two measured ``B``, linearly in
+``log B``; above the largest ``B``, clamped (outside it the table says
 nothing, and the nearest measurement is the least wrong guess), except
-below its smallest ``B``, where the *samples* to the target are held
+below the smallest ``B``, where the *samples* to the target are held
 (``U(B) = U(B_min) B_min / B``): below a task's critical batch an update of
 half the samples needs about twice the updates (McCandlish et al., 2018),
 and holding ``U`` instead would make a slow worker's small updates look
 nearly free, the very error this table exists to correct.
 
 :func:`time_to_target` combines it with the analytic model's cycles: a
-group that updates every ``c_g`` seconds with ``B_g`` samples at staleness
-``tau_g`` does ``1 / (c_g U(B_g, tau_g))`` of the work to the target per
+group that updates every ``c_g`` seconds with ``B_g`` samples at drift
+``D_g`` does ``1 / (c_g U(B_g, D_g))`` of the work to the target per
 second, and the groups' shares add (each update moves the shared model):
-time ``= 1 / sum_g 1 / (c_g U(B_g, tau_g))``. A group's staleness is the
-other groups' updates during its cycle, ``tau_g = c_g sum_{h != g} 1 / c_h``
-(:func:`group_staleness`; ``k`` equal workers: ``k - 1``). Sync makes one
-update of every worker's samples per step, at staleness 0.
+time ``= 1 / sum_g 1 / (c_g U(B_g, D_g))``. A group's staleness is the
+other groups' updates during its cycle, ``tau_g = c_g sum_{h != g} 1 /
+c_h`` (:func:`group_staleness`), its drift the same updates damped,
+``D_g = c_g sum_{h != g} d(tau_h) / c_h`` (:func:`group_drift`). Sync makes
+one update of every worker's samples per step, at drift 0.
 
 A run's updates to the target are those at its first validation at or
 above the target, so they depend on how often it validates
@@ -38,10 +63,12 @@ its ``eval_every``.
 The file is JSON: an object whose ``points`` is a list of objects with
 ``batch`` (> 0), ``staleness`` (>= 0) and ``updates`` (> 0), with the
 cadence of those points in ``eval_every`` (1 when absent:
-``bench/convergence.py``'s runs validate after every update), and
-optionally ``tables``, a list of objects each with its own ``eval_every``
-and ``points`` (the same runs read at other cadences); other keys
-(``bench/convergence.py``'s runs, ranges, metadata) are ignored.
+``bench/convergence.py``'s runs validate after every update), the damping
+rule of the measuring runs in ``damping`` (``inverse`` when absent, the
+runtime's default), and optionally ``tables``, a list of objects each with
+its own ``eval_every`` and ``points`` (the same runs read at other
+cadences); other keys (``bench/convergence.py``'s runs, ranges, metadata)
+are ignored.
 """
 
 from __future__ import annotations
@@ -54,8 +81,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..ps.compensation import DAMPING_RULES, damping
+
 __all__ = [
     "ConvergenceTable",
+    "group_drift",
     "group_staleness",
     "load_convergence",
     "time_to_target",
@@ -82,11 +112,14 @@ class ConvergenceTable:
             recorded).
         eval_every: The validation cadence the updates were counted at
             (``--eval-every``).
+        damping: The servers' damping rule in the measuring runs (a point's
+            drift is ``staleness x damping(staleness)``).
     """
 
     points: tuple[tuple[float, float, float], ...]
     target_accuracy: float | None = None
     eval_every: int = 1
+    damping: str = "inverse"
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -120,45 +153,95 @@ class ConvergenceTable:
             raise ValueError(
                 f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}"
             )
+        if self.damping not in DAMPING_RULES:
+            raise ValueError(
+                f"damping must be one of {', '.join(DAMPING_RULES)}, got "
+                f"{self.damping!r}"
+            )
 
     @property
     def batches(self) -> list[float]:
         """The measured samples per update, ascending."""
         return sorted({b for b, _, _ in self.points})
 
-    def _along_staleness(self, batch: float, tau: float) -> float:
-        """``U`` at a measured ``batch``: linear in ``tau``, clamped."""
-        row = sorted((t, u) for b, t, u in self.points if b == batch)
-        taus = [t for t, _ in row]
-        if tau <= taus[0]:
-            return row[0][1]
-        if tau >= taus[-1]:
-            return row[-1][1]
-        i = bisect.bisect_right(taus, tau)
-        (t0, u0), (t1, u1) = row[i - 1], row[i]
-        return u0 + (u1 - u0) * (tau - t0) / (t1 - t0)
+    def drift(self, staleness: float) -> float:
+        """The drift of an update of ``staleness`` among equal workers, as the
+        table's runs had it: ``staleness x damping(staleness)``."""
+        return staleness * damping(staleness, self.damping)
 
-    def updates_to_target(self, batch: float, staleness: float) -> float:
+    def _along_drift(self, batch: float, drift: float) -> float:
+        """``U`` at a measured ``batch``: linear in drift between its
+        points, clamped below them, and beyond them the progress ``1 / U``
+        falling to zero (see the module)."""
+        row = sorted((self.drift(t), u) for b, t, u in self.points if b == batch)
+        ds = [d for d, _ in row]
+        if drift <= ds[0]:
+            return row[0][1]
+        if drift > ds[-1]:
+            d1, u1 = row[-1]
+            if d1 == 0:  # staleness never measured: nothing to go on
+                return u1
+            # the table's own fall, where its last two points fall ...
+            progress = 1 / u1
+            if len(row) > 1:
+                d0, u0 = row[-2]
+                slope = (1 / u1 - 1 / u0) / (d1 - d0)
+                if slope < 0:
+                    progress = 1 / u1 + slope * (drift - d1)
+            # ... and at the latest zero at twice its largest drift
+            progress = min(progress, (1 / u1) * (2 - drift / d1))
+            # (rounding leaves ~1e-19 where a line meets zero)
+            return 1 / progress if progress > 1e-12 / u1 else math.inf
+        if drift == ds[-1]:
+            return row[-1][1]
+        i = bisect.bisect_right(ds, drift)
+        (d0, u0), (d1, u1) = row[i - 1], row[i]
+        return u0 + (u1 - u0) * (drift - d0) / (d1 - d0)
+
+    def updates_to_target(
+        self, batch: float, staleness: float = 0.0, *, drift: float | None = None
+    ) -> float:
         """Interpolated updates to the target at ``batch`` samples per update
-        and ``staleness`` (see the module).
+        (see the module).
+
+        Args:
+            batch: Samples per update.
+            staleness: The updates' staleness among equal workers (its drift
+                is the table's ``drift(staleness)``); ignored with ``drift``.
+            drift: The updates' drift, in undamped updates.
+
+        Returns:
+            The updates; ``math.inf`` where the drift is so far beyond the
+            table's that the updates are predicted to buy nothing.
 
         Raises:
-            ValueError: ``batch`` not > 0, or ``staleness`` < 0 (or not finite).
+            ValueError: ``batch`` not > 0, or ``staleness`` or ``drift`` < 0
+                (or not finite).
         """
         b = _number(batch, "batch")
-        tau = _number(staleness, "staleness")
         if not b > 0:
             raise ValueError(f"batch must be > 0, got {b:g}")
-        if tau < 0:
-            raise ValueError(f"staleness must be >= 0, got {tau:g}")
+        if drift is None:
+            tau = _number(staleness, "staleness")
+            if tau < 0:
+                raise ValueError(f"staleness must be >= 0, got {tau:g}")
+            d = self.drift(tau)
+        else:
+            d = _number(drift, "drift")
+            if d < 0:
+                raise ValueError(f"drift must be >= 0, got {d:g}")
         batches = self.batches
         if b <= batches[0]:  # the samples held (see the module)
-            return self._along_staleness(batches[0], tau) * batches[0] / b
+            return self._along_drift(batches[0], d) * batches[0] / b
         if b >= batches[-1]:
-            return self._along_staleness(batches[-1], tau)
+            return self._along_drift(batches[-1], d)
+        if b in batches:
+            return self._along_drift(b, d)
         i = bisect.bisect_right(batches, b)
         lo, hi = batches[i - 1], batches[i]
-        u_lo, u_hi = self._along_staleness(lo, tau), self._along_staleness(hi, tau)
+        u_lo, u_hi = self._along_drift(lo, d), self._along_drift(hi, d)
+        if math.isinf(u_lo) or math.isinf(u_hi):
+            return math.inf
         w = (math.log(b) - math.log(lo)) / (math.log(hi) - math.log(lo))
         return u_lo + (u_hi - u_lo) * w
 
@@ -206,7 +289,11 @@ class ConvergenceTable:
                     f"{', '.join(map(str, have))}; bench/convergence.py "
                     f"--eval-every derives others from the same runs)"
                 )
-            data = {**found[0], "target_accuracy": data.get("target_accuracy")}
+            data = {
+                **found[0],
+                "target_accuracy": data.get("target_accuracy"),
+                "damping": data.get("damping", "inverse"),
+            }
             own = eval_every
         points = data.get("points")
         if not isinstance(points, list) or not points:
@@ -223,7 +310,7 @@ class ConvergenceTable:
         try:
             if target is not None:
                 target = _number(target, "target_accuracy")
-            return cls(tuple(triples), target, own)
+            return cls(tuple(triples), target, own, data.get("damping", "inverse"))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
@@ -232,6 +319,7 @@ class ConvergenceTable:
         return {
             "target_accuracy": self.target_accuracy,
             "eval_every": self.eval_every,
+            "damping": self.damping,
             "points": [
                 {"batch": b, "staleness": t, "updates": u} for b, t, u in self.points
             ],
@@ -279,6 +367,21 @@ def group_staleness(cycles: Sequence[float]) -> list[float]:
     return [c * (rate - 1.0 / c) for c in cycles]
 
 
+def group_drift(cycles: Sequence[float], rule: str = "inverse") -> list[float]:
+    """Each group's predicted drift: the other groups' updates during its
+    cycle, each damped by ``rule`` at its own group's staleness,
+    ``c_g x sum_{h != g} damping(tau_h) / c_h`` (see the module).
+
+    Raises:
+        ValueError: No cycles, a cycle not > 0, or an unknown rule.
+    """
+    taus = group_staleness(cycles)
+    damped = sum(damping(t, rule) / c for t, c in zip(taus, cycles, strict=True))
+    return [
+        c * (damped - damping(t, rule) / c) for t, c in zip(taus, cycles, strict=True)
+    ]
+
+
 def time_to_target(
     table: ConvergenceTable,
     mode: str,
@@ -290,10 +393,14 @@ def time_to_target(
     Args:
         table: The convergence table.
         mode: ``sync`` (one update of every group's samples per step, at
-            staleness 0; the step is the slowest group's cycle), or
-            ``hybrid`` / ``async`` (each group updates on its own).
+            drift 0; the step is the slowest group's cycle), or
+            ``hybrid`` / ``async`` (each group updates on its own, at its
+            drift under the table's damping rule).
         group_samples: Samples of each group's update.
         group_cycle_s: Seconds per update of each group.
+
+    Returns:
+        The seconds; ``math.inf`` where no group's updates buy anything.
 
     Raises:
         ValueError: Groups and cycles of different lengths, or a cycle not > 0.
@@ -304,10 +411,10 @@ def time_to_target(
         raise ValueError(f"group cycles must be > 0, got {list(group_cycle_s)}")
     if mode == "sync":
         step = max(group_cycle_s)
-        return step * table.updates_to_target(sum(group_samples), 0.0)
-    taus = group_staleness(group_cycle_s)
+        return step * table.updates_to_target(sum(group_samples), drift=0.0)
+    drifts = group_drift(group_cycle_s, table.damping)
     progress = sum(
-        1.0 / (c * table.updates_to_target(b, tau))
-        for b, c, tau in zip(group_samples, group_cycle_s, taus, strict=True)
+        1.0 / (c * table.updates_to_target(b, drift=d))
+        for b, c, d in zip(group_samples, group_cycle_s, drifts, strict=True)
     )
-    return 1.0 / progress
+    return 1.0 / progress if progress > 0 else math.inf

@@ -145,7 +145,9 @@ class Score:
         ideal_samples_per_sec: Its workers' compute-only rates summed.
         cost_per_hour: The price of the nodes it uses.
         time_to_target_s: Predicted seconds to the target accuracy (``None``:
-            the cost model has no convergence table).
+            the cost model has no convergence table, or the configuration's
+            updates are predicted never to reach it: every group's drift
+            beyond where the table's updates still buy progress).
     """
 
     samples_per_sec: float
@@ -559,12 +561,14 @@ class CostModel:
         return score
 
     def _time_to_target(self, job: SimJob, cycles: tuple[float, ...]) -> float | None:
-        """Predicted seconds to the target (``None`` without a table)."""
+        """Predicted seconds to the target (``None`` without a table, or
+        never)."""
         if self.convergence is None:
             return None
         samples = [sum(job.workers[r]["batch"] for r in g) for g in job.groups]
         mode = "sync" if job.mode == "sync" or not job.servers else job.mode
-        return time_to_target(self.convergence, mode, samples, cycles)
+        t = time_to_target(self.convergence, mode, samples, cycles)
+        return t if math.isfinite(t) else None
 
     # ------------------------------------------------------------- memory
     def device_memory(self, mode: str, batch: int) -> float:
