@@ -17,8 +17,8 @@ the run's ``updates_to_target`` (server versions in async). Per (B, workers)
 one MPI job trains every seed in a row::
 
     python bench/convergence.py --data runs/digits.h5 --model mlp \\
-        --batches 16,32,64,128 --workers 1,2,4,8 --seeds 3 --steps 400 \\
-        --json bench/results/sim/convergence-digits.json
+        --batches 32 --workers 1,2,4,8 --seeds 6 --steps 300 --sample-ms 1 \\
+        --run-eval-every 5 --eval-every 5 --json P32.json
 
 The JSON holds the runs (``records``) and, under ``points``, the table that
 ``hybridagg plan --convergence FILE`` reads (hybridagg/sim/convergence.py):
