@@ -180,6 +180,17 @@ def updates_at(r: dict, every: int) -> int | None:
     )
 
 
+def _one(values: set, default: object, differ: str) -> object:
+    """The one value the runs agree on (``default`` when none has one).
+
+    Raises:
+        SystemExit: They differ (``differ`` and the values).
+    """
+    if len(values) > 1:
+        raise SystemExit(f"{differ} {sorted(values)}")
+    return values.pop() if values else default
+
+
 def merge(files: list[list[dict]]) -> list[dict]:
     """Records of several runs of this script: a (B, workers, seed) run of a
     later file replaces the same run of an earlier one; other seeds add."""
@@ -280,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--eval-every",
         default="1",
-        help="validation cadences to derive tables at (comma-separated; the "
-        "runs validate after every update; the first is the file's points)",
+        help="validation cadences to derive tables at (comma-separated, "
+        "multiples of --run-eval-every; the first is the file's points)",
     )
     p.add_argument(
         "--run-eval-every",
@@ -303,18 +314,23 @@ def main(argv: list[str] | None = None) -> int:
     cadences = _ints(args.eval_every, "--eval-every")
     if args.run_eval_every < 1:
         raise SystemExit("--run-eval-every must be >= 1")
+    if not args.from_json and any(e % args.run_eval_every for e in cadences):
+        # (refused before the runs, not after them in add_reached)
+        raise SystemExit(
+            f"--eval-every {args.eval_every} must be multiples of "
+            f"--run-eval-every {args.run_eval_every}"
+        )
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     if args.from_json:
         loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
         records = merge([d["records"] for d in loaded])
         started = ", ".join(str(d.get("started")) for d in loaded)
         args.steps = max(int(d.get("steps") or args.steps) for d in loaded)
-        paces = {float(r.get("sample_ms") or 0.0) for r in records}
-        if len(paces) > 1:
-            raise SystemExit(
-                f"the runs were paced differently: --sample-ms {sorted(paces)}"
-            )
-        args.sample_ms = paces.pop() if paces else 0.0
+        args.sample_ms = _one(
+            {float(r.get("sample_ms") or 0.0) for r in records},
+            0.0,
+            "the runs were paced differently: --sample-ms",
+        )
         for key in ("model", "data", "target_accuracy", "lr", "base_batch"):
             if loaded[0].get(key) is not None:  # what the runs were, not the flags
                 setattr(args, key, loaded[0][key])
@@ -356,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
         kept = [{k: v for k, v in r.items() if k not in curves} for r in records]
         # the servers' damping rule of the async runs: a point's drift is
         # its staleness damped by it (hybridagg/sim/convergence.py)
-        rules = {r.get("damping") for r in records} - {None}
-        if len(rules) > 1:
-            raise SystemExit(f"the runs used different damping rules: {sorted(rules)}")
+        damping = _one(
+            {r.get("damping") for r in records} - {None},
+            "inverse",
+            "the runs used different damping rules:",
+        )
         body = {
             **meta,
-            "damping": rules.pop() if rules else "inverse",
+            "damping": damping,
             "eval_every": cadences[0],
             "points": table,
             "tables": tables,
