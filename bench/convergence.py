@@ -50,6 +50,21 @@ makes the runs validate every ``R`` updates themselves (tables only at
 multiples of ``R``): validating after every step is work on worker 0 that
 the predicted jobs do not do.
 
+Equal workers cannot tell an update's own staleness (its damping) from its
+drift: one fixes the other. ``--mixed 'W SLOWDOWN [GROUPS]'`` adds cells of
+mixed speeds at ``--base-batch``: ``W`` workers slowed by ``SLOWDOWN``
+(paced, so a group's cycle is its slowest member's factor), async, or
+hybrid with ``GROUPS``; the file then holds, per cadence, the
+``staleness_weight`` that best predicts them (hybridagg/sim/convergence.py)
+and each cell's updates beside its predictions from drift alone and at that
+weight. With ``--from-json``, ``--mixed`` measures those cells as the
+files' runs were made (model, data, lr, pacing; give the same
+``--run-eval-every``) and adds them::
+
+    python bench/convergence.py --from-json P.json --mixed '4 2-3:4' \
+        --mixed '8 2-4:2,5-7:4 0-1,2-4,5-7' --seeds 6 --steps 600 \
+        --run-eval-every 5 --eval-every 5 --json PM.json
+
 Cells that missed can be measured again with a longer ``--steps`` (every
 run trains to the end: the cost is steps, not the target) and merged:
 ``--from-json A.json B.json --json C.json`` rebuilds the table from their
@@ -75,8 +90,12 @@ sys.path.insert(0, str(ROOT))
 def train_args(batch: int, workers: int, args: argparse.Namespace) -> list[str]:
     """``hybridagg train``'s options for one cell (sync on one rank if ``workers == 1``)."""
     mode = ["--mode", "sync"] if workers == 1 else ["--mode", "async", "--servers", "1"]
+    return mode + _common(batch, args)
+
+
+def _common(batch: int, args: argparse.Namespace) -> list[str]:
+    """``hybridagg train``'s options every cell of ``batch`` shares."""
     return [
-        *mode,
         "--data", args.data, "--model", args.model,
         "--batch-size", str(batch), "--lr", repr(args.lr * batch / args.base_batch),
         "--steps", str(args.steps), "--eval-every", str(args.run_eval_every),
@@ -85,17 +104,79 @@ def train_args(batch: int, workers: int, args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
+def parse_mixed(spec: str) -> dict:
+    """A ``--mixed`` cell, ``"W SLOWDOWN [GROUPS]"``: ``W`` workers slowed by
+    ``SLOWDOWN`` (``hybridagg train --slowdown``, fixed), in hybrid with
+    ``GROUPS`` (``--groups``) or, without, async (one worker a group).
+
+    Each group's cycle is its slowest member's factor: paced (and unpaced)
+    compute scales with the factor, and a group waits for its slowest.
+
+    Raises:
+        SystemExit: A malformed spec (named).
+    """
+    from hybridagg.slowdown import parse_slowdown
+    from hybridagg.topology import parse_group_spec
+
+    parts = spec.split()
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError("expected 'W SLOWDOWN [GROUPS]'")
+        workers = int(parts[0])
+        if workers < 2:
+            raise ValueError("a mixed cell needs 2 workers or more")
+        slowdown = parse_slowdown(parts[1])
+        if slowdown.changes:
+            raise ValueError("the slowdown must not change during the run")
+        slowdown.validate_workers(workers)
+        groups = (
+            parse_group_spec(parts[2]) if len(parts) == 3
+            else [[r] for r in range(workers)]
+        )  # fmt: skip
+        if sorted(r for g in groups for r in g) != list(range(workers)):
+            raise ValueError(f"the groups must hold workers 0-{workers - 1} once each")
+    except ValueError as exc:
+        raise SystemExit(f"--mixed {spec!r}: {exc}") from None
+    return {
+        "spec": spec,
+        "mode": "hybrid" if len(parts) == 3 else "async",
+        "workers": workers,
+        "slowdown": parts[1],
+        "groups": groups,
+        "group_cycles": [max(slowdown.factor(r) for r in g) for g in groups],
+    }
+
+
+def mixed_args(batch: int, cell: dict, args: argparse.Namespace) -> list[str]:
+    """``hybridagg train``'s options for a ``--mixed`` cell."""
+    mode = ["--mode", cell["mode"], "--servers", "1", "--slowdown", cell["slowdown"]]
+    if cell["mode"] == "hybrid":
+        mode += ["--groups", cell["spec"].split()[2]]
+    return mode + _common(batch, args)
+
+
 def run_cell(
-    batch: int, workers: int, args: argparse.Namespace, tmp: Path
+    batch: int,
+    workers: int,
+    args: argparse.Namespace,
+    tmp: Path,
+    mixed: dict | None = None,
 ) -> list[dict]:
-    """Train every seed of one (B, workers) cell in one MPI job; their summaries."""
+    """Train every seed of one (B, workers) cell, or a ``--mixed`` one, in
+    one MPI job; their summaries."""
     from hybridagg.runtime import runner
 
-    out = tmp / f"b{batch}-w{workers}.json"
+    name = f"b{batch}-w{workers}"
+    if mixed:
+        name += "-" + "".join(ch if ch.isalnum() else "_" for ch in mixed["spec"])
+    out = tmp / f"{name}.json"
+    cell_args = (
+        mixed_args(batch, mixed, args) if mixed else train_args(batch, workers, args)
+    )
     cmd = [
         sys.executable, str(HERE.parent / "hetero.py"), "--inner",
         "--seeds", ",".join(str(args.first_seed + s) for s in range(args.seeds)),
-        "--out", str(out), "--", *train_args(batch, workers, args),
+        "--out", str(out), "--", *cell_args,
     ]  # fmt: skip
     ranks = 1 if workers == 1 else workers + 1
     result = runner.run_job(
@@ -109,6 +190,8 @@ def run_cell(
         r["cell_batch"], r["cell_workers"] = batch, workers
         r["cell_steps"] = args.steps
         r["cell_eval_every"] = args.run_eval_every
+        if mixed:
+            r["cell_mixed"] = mixed["spec"]
     return runs
 
 
@@ -192,12 +275,14 @@ def _one(values: set, default: object, differ: str) -> object:
 
 
 def merge(files: list[list[dict]]) -> list[dict]:
-    """Records of several runs of this script: a (B, workers, seed) run of a
-    later file replaces the same run of an earlier one; other seeds add."""
-    runs: dict[tuple[int, int, int], dict] = {}
+    """Records of several runs of this script: a (B, workers, mixed cell,
+    seed) run of a later file replaces the same run of an earlier one; other
+    seeds add."""
+    runs: dict[tuple, dict] = {}
     for records in files:
         for r in records:
-            runs[(r["cell_batch"], r["cell_workers"], r["seed"])] = r
+            key = (r["cell_batch"], r["cell_workers"], r.get("cell_mixed"), r["seed"])
+            runs[key] = r
     return list(runs.values())
 
 
@@ -212,16 +297,11 @@ def points(records: list[dict], steps: int, every: int = 1) -> list[dict]:
     """
     cells: dict[tuple[int, int], list[dict]] = {}
     for r in records:
-        cells.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
+        if r.get("cell_mixed") is None:  # mixed cells are not points
+            cells.setdefault((r["cell_batch"], r["cell_workers"]), []).append(r)
     out = []
     for (batch, workers), runs in sorted(cells.items()):
-        got = [updates_at(r, every) for r in runs]
-        u = [
-            int(g)
-            if g is not None
-            else int(r.get("steps") or r.get("cell_steps") or steps) + 1
-            for g, r in zip(got, runs, strict=True)
-        ]
+        got, u = _updates(runs, steps, every)
         tau = [float(r.get("mean_staleness") or 0.0) for r in runs]
         out.append(
             {
@@ -236,6 +316,93 @@ def points(records: list[dict], steps: int, every: int = 1) -> list[dict]:
             }
         )
     return out
+
+
+def _updates(runs: list[dict], steps: int, every: int) -> tuple[list, list[int]]:
+    """The runs' updates to the target at ``every`` (``None`` if missed),
+    and the same with a miss counted as the updates it made plus one."""
+    got = [updates_at(r, every) for r in runs]
+    u = [
+        int(g) if g is not None
+        else int(r.get("steps") or r.get("cell_steps") or steps) + 1
+        for g, r in zip(got, runs, strict=True)
+    ]  # fmt: skip
+    return got, u
+
+
+def mixed_cells(
+    records: list[dict], steps: int, every: int, table: list[dict], damping: str
+) -> tuple[list[dict], float | None]:
+    """The ``--mixed`` cells at cadence ``every``, and the staleness weight
+    fitted on them against ``table`` (hybridagg/sim/convergence.py,
+    ``fit_staleness_weight``; ``None`` without mixed cells). Each cell also
+    gets its updates as predicted from drift alone (``predicted_drift``)
+    and at the fitted weight (``predicted``)."""
+    from hybridagg.sim.convergence import (
+        ConvergenceTable,
+        MixedCell,
+        fit_staleness_weight,
+        updates_of,
+    )
+
+    cells: dict[tuple[int, str], list[dict]] = {}
+    for r in records:
+        if r.get("cell_mixed") is not None:
+            cells.setdefault((r["cell_batch"], r["cell_mixed"]), []).append(r)
+    if not cells:
+        return [], None
+    out = []
+    for (batch, spec), runs in sorted(cells.items()):
+        cell = parse_mixed(spec)
+        got, u = _updates(runs, steps, every)
+        tau = [float(r.get("mean_staleness") or 0.0) for r in runs]
+        cell.update(
+            batch=batch,
+            group_samples=[batch * len(g) for g in cell["groups"]],
+            updates=statistics.median(u),
+            updates_range=[min(u), max(u)],
+            staleness=round(statistics.median(tau), 3),
+            seeds=len(runs),
+            missed=sum(g is None for g in got),
+        )
+        out.append(cell)
+    base = ConvergenceTable(
+        tuple((p["batch"], p["staleness"], p["updates"]) for p in table),
+        eval_every=every,
+        damping=damping,
+    )
+    fit = [
+        MixedCell(c["mode"], tuple(c["group_samples"]), tuple(c["group_cycles"]),
+                  c["updates"])
+        for c in out
+    ]  # fmt: skip
+    try:
+        weight, predicted = fit_staleness_weight(base, fit)
+    except ValueError as exc:
+        raise SystemExit(f"convergence: --eval-every {every}: {exc}") from None
+    for c, f, u in zip(out, fit, predicted, strict=True):
+        c["predicted"] = round(u, 1)
+        drift_only = updates_of(base, f.mode, f.group_samples, f.group_cycles)
+        c["predicted_drift"] = round(drift_only, 1) if drift_only < 1e300 else None
+    return out, weight
+
+
+def markdown_mixed(cells: list[dict], weight: float | None, target: float) -> str:
+    """The mixed cells as a markdown table."""
+    lines = [
+        f"| B | mixed cell (workers, slowdown, groups) | updates to {target:g}, "
+        "median [range] | missed | predicted, drift alone | predicted, "
+        f"staleness weight {weight:g} |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        drift = "never" if c["predicted_drift"] is None else f"{c['predicted_drift']:g}"
+        lines.append(
+            f"| {c['batch']} | `{c['spec']}` | {c['updates']:g} "
+            f"[{c['updates_range'][0]}-{c['updates_range'][1]}] | {c['missed']} "
+            f"| {drift} | {c['predicted']:g} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown(table: list[dict], target: float) -> str:
@@ -302,6 +469,15 @@ def main(argv: list[str] | None = None) -> int:
         "must be multiples of it (validating after every update is work on "
         "worker 0 that a job validating less often does not do)",
     )
+    p.add_argument(
+        "--mixed",
+        action="append",
+        default=[],
+        metavar="'W SLOWDOWN [GROUPS]'",
+        help="also a cell of mixed speeds at --base-batch: W workers slowed "
+        "by SLOWDOWN (as hybridagg train's), in hybrid with GROUPS or else "
+        "async (repeatable); the staleness weight is fitted on these cells",
+    )
     p.add_argument("--json")
     p.add_argument(
         "--from-json",
@@ -312,9 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     batches = _ints(args.batches, "--batches")
     workers = _ints(args.workers, "--workers")
     cadences = _ints(args.eval_every, "--eval-every")
+    mixed = [parse_mixed(m) for m in args.mixed]  # refused before any run
     if args.run_eval_every < 1:
         raise SystemExit("--run-eval-every must be >= 1")
-    if not args.from_json and any(e % args.run_eval_every for e in cadences):
+    if (not args.from_json or mixed) and any(e % args.run_eval_every for e in cadences):
         # (refused before the runs, not after them in add_reached)
         raise SystemExit(
             f"--eval-every {args.eval_every} must be multiples of "
@@ -325,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = [json.loads(Path(f).read_text()) for f in args.from_json]
         records = merge([d["records"] for d in loaded])
         started = ", ".join(str(d.get("started")) for d in loaded)
-        args.steps = max(int(d.get("steps") or args.steps) for d in loaded)
+        file_steps = max(int(d.get("steps") or args.steps) for d in loaded)
         args.sample_ms = _one(
             {float(r.get("sample_ms") or 0.0) for r in records},
             0.0,
@@ -334,15 +511,33 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("model", "data", "target_accuracy", "lr", "base_batch"):
             if loaded[0].get(key) is not None:  # what the runs were, not the flags
                 setattr(args, key, loaded[0][key])
+        if mixed:  # measured now, as the files' runs were, at --steps
+            records = merge([records, measure([], [], args, mixed)])
+        args.steps = max(file_steps, args.steps if mixed else 0)
     else:
-        records = measure(batches, workers, args)
+        records = measure(batches, workers, args, mixed)
     add_reached(records, cadences, args.target_accuracy)
-    tables = [
-        {"eval_every": e, "points": points(records, args.steps, e)} for e in cadences
-    ]
+    # the servers' damping rule of the async runs: a point's drift is
+    # its staleness damped by it (hybridagg/sim/convergence.py)
+    damping = _one(
+        {r.get("damping") for r in records} - {None},
+        "inverse",
+        "the runs used different damping rules:",
+    )
+    tables = []
+    for e in cadences:
+        t = {"eval_every": e, "points": points(records, args.steps, e)}
+        cells, weight = mixed_cells(records, args.steps, e, t["points"], damping)
+        if cells:
+            t.update(staleness_weight=weight, mixed=cells)
+        tables.append(t)
     for t in tables:
         print(f"# --eval-every {t['eval_every']}")
         print(markdown(t["points"], args.target_accuracy))
+        if t.get("mixed"):
+            print(
+                markdown_mixed(t["mixed"], t["staleness_weight"], args.target_accuracy)
+            )
     table = tables[0]["points"]
     if args.json:
         meta = {
@@ -370,29 +565,28 @@ def main(argv: list[str] | None = None) -> int:
         # (``reached`` keeps them per cadence)
         curves = ("accuracy_curve", "accuracy_updates")
         kept = [{k: v for k, v in r.items() if k not in curves} for r in records]
-        # the servers' damping rule of the async runs: a point's drift is
-        # its staleness damped by it (hybridagg/sim/convergence.py)
-        damping = _one(
-            {r.get("damping") for r in records} - {None},
-            "inverse",
-            "the runs used different damping rules:",
-        )
         body = {
             **meta,
             "damping": damping,
             "eval_every": cadences[0],
             "points": table,
+            **({"staleness_weight": tables[0]["staleness_weight"],
+                "mixed": tables[0]["mixed"]} if tables[0].get("mixed") else {}),
             "tables": tables,
             "records": kept,
-        }
+        }  # fmt: skip
         Path(args.json).write_text(json.dumps(body, indent=1))
     return 0
 
 
 def measure(
-    batches: list[int], workers: list[int], args: argparse.Namespace
+    batches: list[int],
+    workers: list[int],
+    args: argparse.Namespace,
+    mixed: list[dict] | None = None,
 ) -> list[dict]:
-    """Train every (B, workers) cell; the runs' summaries."""
+    """Train every (B, workers) cell, then every ``--mixed`` one at
+    ``--base-batch``; the runs' summaries."""
     from hybridagg.data import digits_file
 
     digits_file(args.data)
@@ -408,6 +602,14 @@ def measure(
                     f"{[round(r.get('mean_staleness') or 0.0, 2) for r in got]}",
                     flush=True,
                 )
+        for cell in mixed or []:
+            got = run_cell(args.base_batch, cell["workers"], args, Path(tmp), cell)
+            records += got
+            print(
+                f"# mixed {cell['spec']!r}: updates to target "
+                f"{[r.get('updates_to_target') for r in got]}",
+                flush=True,
+            )
     return records
 
 

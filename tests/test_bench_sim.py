@@ -549,3 +549,85 @@ def test_convergence_writes_one_table_per_cadence_and_plan_reads_each(
         convergence.add_reached(records, [1, 5], 0.9)
     with pytest.raises(SystemExit, match="--run-eval-every must be >= 1"):
         convergence.main(["--from-json", str(src), "--run-eval-every", "0"])
+
+
+def test_convergence_mixed_cells_parse_and_train_as_specified(convergence):
+    import argparse
+
+    cell = convergence.parse_mixed("4 2-3:4")
+    assert cell["mode"] == "async" and cell["groups"] == [[0], [1], [2], [3]]
+    assert cell["group_cycles"] == [1, 1, 4, 4]
+    grouped = convergence.parse_mixed("8 2-4:2,5-7:4 0-1,2-4,5-7")
+    assert grouped["mode"] == "hybrid" and grouped["group_cycles"] == [1, 2, 4]
+    args = argparse.Namespace(
+        data="d.h5", model="mlp", lr=0.05, base_batch=32, steps=400,
+        target_accuracy=0.9, sample_ms=1.0, run_eval_every=5,
+    )  # fmt: skip
+    argv = convergence.mixed_args(32, grouped, args)
+    assert argv[:6] == [
+        "--mode",
+        "hybrid",
+        "--servers",
+        "1",
+        "--slowdown",
+        "2-4:2,5-7:4",
+    ]
+    assert argv[argv.index("--groups") + 1] == "0-1,2-4,5-7"
+    assert argv[argv.index("--sample-ms") + 1] == "1.0"
+    assert "--groups" not in convergence.mixed_args(32, cell, args)
+    for bad, message in [
+        ("1 0:2", "2 workers or more"),
+        ("4 7:2", "slowdown names ranks"),
+        ("4 2-3:4 0-1,3", "workers 0-3 once each"),
+        ("4 0:2;0:4@5", "must not change"),
+        ("4", "expected 'W SLOWDOWN"),
+        ("x 0:2", "invalid literal"),
+    ]:
+        with pytest.raises(SystemExit, match=f"--mixed '{bad}': .*{message}"):
+            convergence.parse_mixed(bad)
+
+
+def test_convergence_fits_the_staleness_weight_on_mixed_cells(convergence, tmp_path):
+    from hybridagg.sim.convergence import (
+        ConvergenceTable,
+        load_convergence,
+        updates_of,
+    )
+
+    # equal workers: B 32 at 1, 2, 4, 8 workers (staleness 0, 1, 3, 7)
+    equal = {1: (0.0, 50), 2: (1.0, 70), 4: (3.0, 100), 8: (7.0, 300)}
+    records = [
+        {"cell_batch": 32, "cell_workers": k, "seed": s, "mean_staleness": tau,
+         "updates_to_target": u, "damping": "inverse"}
+        for k, (tau, u) in equal.items() for s in range(3)
+    ]  # fmt: skip
+    truth = ConvergenceTable(
+        tuple((32, tau, u) for tau, u in equal.values()), staleness_weight=0.3
+    )
+    specs = ["2 1:4", "4 2-3:4", "8 2-4:2,5-7:4", "8 2-4:2,5-7:4 0-1,2-4,5-7"]
+    for spec in specs:
+        cell = convergence.parse_mixed(spec)
+        samples = [32 * len(g) for g in cell["groups"]]
+        u = updates_of(truth, cell["mode"], samples, cell["group_cycles"])
+        records += [
+            {"cell_batch": 32, "cell_workers": cell["workers"], "cell_mixed": spec,
+             "seed": s, "mean_staleness": 2.0, "updates_to_target": round(u) + d,
+             "damping": "inverse"}
+            for s, d in enumerate((-1, 0, 1))
+        ]  # fmt: skip
+    # mixed runs are not points of the equal workers' table
+    assert len(convergence.points(records, 400)) == 4
+    merged = convergence.merge([records, records[-3:]])
+    assert len(merged) == len(records)  # a mixed run replaces its own seed only
+    src, out = tmp_path / "runs.json", tmp_path / "c.json"
+    src.write_text(json.dumps({"records": records, "steps": 400}))
+    assert convergence.main(["--from-json", str(src), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["staleness_weight"] == pytest.approx(0.3, abs=0.02)
+    assert [c["spec"] for c in data["mixed"]] == sorted(specs)
+    for c in data["mixed"]:
+        assert c["predicted"] == pytest.approx(c["updates"], rel=0.02)
+    # drift alone under-predicts the uneven cluster's async updates
+    uneven = next(c for c in data["mixed"] if c["spec"] == "8 2-4:2,5-7:4")
+    assert uneven["predicted_drift"] < 0.9 * uneven["updates"]
+    assert load_convergence(out).staleness_weight == data["staleness_weight"]

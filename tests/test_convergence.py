@@ -14,10 +14,13 @@ from test_sim import PACED
 
 from hybridagg.sim.convergence import (
     ConvergenceTable,
+    MixedCell,
+    fit_staleness_weight,
     group_drift,
     group_staleness,
     load_convergence,
     time_to_target,
+    updates_of,
 )
 from hybridagg.sim.job import machine_cluster
 from hybridagg.sim.planfile import load_plan
@@ -155,6 +158,10 @@ def test_updates_to_target_refuses_bad_arguments():
           "eval_every": "5"}, "eval_every must be an integer >= 1"),
         ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
           "damping": "linear"}, "damping must be one of"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "staleness_weight": 1.5}, r"staleness_weight must be in \[0, 1\]"),
+        ({"points": [{"batch": 16, "staleness": 0, "updates": 5}],
+          "staleness_weight": "0.5"}, r"staleness_weight must be in \[0, 1\]"),
     ],
 )  # fmt: skip
 def test_bad_convergence_files_are_refused(tmp_path, data, message):
@@ -252,6 +259,101 @@ def test_time_to_target_by_hand():
     )
     with pytest.raises(ValueError, match="one cycle per group"):
         time_to_target(HAND, "async", [16], [1.0, 1.0])
+
+
+# ------------------------------------------- an update's own staleness beside its drift
+def _weighted(table: ConvergenceTable, w: float) -> ConvergenceTable:
+    return ConvergenceTable(table.points, table.target_accuracy, table.eval_every,
+                            table.damping, w)  # fmt: skip
+
+
+def test_the_staleness_weight_blends_the_two_readings_geometrically():
+    # staleness 3 at drift 0.5: read at drift 0.5 (70) and at staleness 3's
+    # own drift among equal workers, 0.75 (100)
+    assert INV.updates_to_target(32, 3, drift=0.5) == 70  # weight 0: drift alone
+    assert _weighted(INV, 1).updates_to_target(32, 3, drift=0.5) == 100
+    half = _weighted(INV, 0.5)
+    assert half.updates_to_target(32, 3, drift=0.5) == pytest.approx(math.sqrt(7000))
+    # equal workers: staleness and drift agree, so the weight changes nothing
+    assert half.updates_to_target(32, 3, drift=0.75) == pytest.approx(100)
+    # either reading buying nothing buys nothing
+    assert half.updates_to_target(32, 0, drift=3) == math.inf
+    # the staleness alone still reads at its drift
+    assert half.updates_to_target(32, 3) == 100
+    with pytest.raises(ValueError, match="give the staleness beside the drift"):
+        half.updates_to_target(32, drift=0.5)
+    for bad in (-0.1, 1.01, True, "0.5", math.nan):
+        with pytest.raises(ValueError, match=r"staleness_weight must be in \[0, 1\]"):
+            _weighted(INV, bad)
+
+
+def test_time_to_target_weighs_a_fast_groups_own_staleness_by_hand():
+    # a fast group (tau 0.25: drift 0.2 among equal workers; its drift 0.05)
+    # and a 4x slower one (drift 3.2: nothing): U = sqrt(52 x 58)
+    half = _weighted(INV, 0.5)
+    fast = math.sqrt(52 * 58)
+    assert time_to_target(half, "async", [32, 32], [1.0, 4.0]) == pytest.approx(fast)
+    # updates made meanwhile: every group's, 1 + 1/4 a second
+    assert updates_of(half, "async", [32, 32], [1.0, 4.0]) == pytest.approx(1.25 * fast)
+    # sync: one update of 64 (clamped to B 32's 50) per slowest cycle
+    assert updates_of(INV, "sync", [32, 32], [1.0, 2.0]) == pytest.approx(50)
+
+
+#: mixed runs: 1x + 4x, the headline (1, 1, 4, 4), the uneven cluster's
+#: three speeds in async and grouped by speed in hybrid
+MIXED = (
+    ("async", (32, 32), (1, 4)),
+    ("async", (32,) * 4, (1, 1, 4, 4)),
+    ("async", (32,) * 8, (1, 1, 2, 2, 2, 4, 4, 4)),
+    ("hybrid", (64, 96, 96), (1, 2, 4)),
+)
+
+
+def test_fitting_the_weight_recovers_the_one_the_runs_followed():
+    truth = _weighted(INV, 0.3)
+    cells = [MixedCell(m, b, c, updates_of(truth, m, b, c)) for m, b, c in MIXED]
+    weight, predicted = fit_staleness_weight(INV, cells)
+    assert weight == pytest.approx(0.3)
+    assert predicted == pytest.approx([c.updates for c in cells])
+    # the weight matters here: drift alone predicts fewer updates
+    assert updates_of(INV, *MIXED[2]) < cells[2].updates
+    with pytest.raises(ValueError, match="needs mixed cells"):
+        fit_staleness_weight(INV, [])
+    steep = ConvergenceTable(((32, 0, 50), (32, 1, 1000)))
+    with pytest.raises(ValueError, match="no staleness weight gets every mixed cell"):
+        fit_staleness_weight(steep, [MixedCell("async", (32,) * 4, (1,) * 4, 90)])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sync", (32,), (1,), 50), "mode must be hybrid or async"),
+        (("async", (32, 32), (1,), 50), "one cycle per group"),
+        (("async", (), (), 50), "one cycle per group"),
+        (("async", (32, 32), (1, 0), 50), "must be > 0"),
+        (("async", (32, 32), (1, 4), 0), "updates must be > 0"),
+    ],
+)
+def test_bad_mixed_cells_are_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        MixedCell(*args)
+
+
+def test_a_files_staleness_weight_per_cadence(tmp_path):
+    point = [{"batch": 16, "staleness": 0, "updates": 7}]
+    data = {"points": point, "staleness_weight": 0.4, "tables": [
+        {"eval_every": 5, "points": point, "staleness_weight": 0.2},
+        {"eval_every": 10, "points": point}]}  # fmt: skip
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    assert load_convergence(path).staleness_weight == 0.4
+    assert load_convergence(path, 5).staleness_weight == 0.2
+    assert load_convergence(path, 10).staleness_weight == 0.4  # the file's
+    table = _weighted(INV, 0.25)
+    assert ConvergenceTable.from_dict(table.as_dict()) == table
+    # older files: drift alone
+    path.write_text(json.dumps({"points": point}))
+    assert load_convergence(path).staleness_weight == 0
 
 
 # ---------------------------------------------------------- the planner's use

@@ -26,7 +26,7 @@ measured, they bought nothing (bench/RESULTS.md, "Drift: what a slow
 worker's update is worth").
 
 :meth:`ConvergenceTable.updates_to_target` interpolates ``U`` at any
-``(B, D)``: per measured ``B``, linearly in drift between its points (each
+``(B, D)`` (and the update's own staleness, below): per measured ``B``, linearly in drift between its points (each
 point's drift ``tau d(tau)``, the table's ``damping`` rule); beyond its
 largest measured drift the *progress per update* ``1 / U`` falls: along
 the line through its last two points where they fall, and in any case
@@ -44,6 +44,22 @@ half the samples needs about twice the updates (McCandlish et al., 2018),
 and holding ``U`` instead would make a slow worker's small updates look
 nearly free, the very error this table exists to correct.
 
+**An update's own staleness counts too.** Among equal workers staleness
+and drift fix each other, so a table measured on them holds both effects at
+once; among workers of mixed speeds they part. A fast worker beside slow
+ones has a small drift (the slow updates in between are few) but a large
+staleness, and the servers damp its *own* update by ``d(tau)``: the
+uneven cluster's fast workers in async (staleness 3.25, drift 0.46) needed
+about 82 updates where the table read at their drift alone says 55. With
+a ``staleness_weight`` ``w`` the table reads an update at both keys and
+blends them geometrically, ``U = U(B, D)^(1 - w) x U(B, D_eq(tau))^w``,
+where ``D_eq(tau) = tau d(tau)`` is the drift equal workers have at that
+staleness: ``w = 0`` is drift alone, ``w = 1`` staleness alone (where a
+slow worker's updates beside fast ones were worth an equal worker's,
+which they were not), and either reading buying nothing buys nothing.
+:func:`fit_staleness_weight` fits ``w`` on runs of mixed speeds
+(``bench/convergence.py --mixed``), never on the jobs it predicts.
+
 :func:`time_to_target` combines it with the analytic model's cycles: a
 group that updates every ``c_g`` seconds with ``B_g`` samples at drift
 ``D_g`` does ``1 / (c_g U(B_g, D_g))`` of the work to the target per
@@ -51,8 +67,9 @@ second, and the groups' shares add (each update moves the shared model):
 time ``= 1 / sum_g 1 / (c_g U(B_g, D_g))``. A group's staleness is the
 other groups' updates during its cycle, ``tau_g = c_g sum_{h != g} 1 /
 c_h`` (:func:`group_staleness`), its drift the same updates damped,
-``D_g = c_g sum_{h != g} d(tau_h) / c_h`` (:func:`group_drift`). Sync makes
-one update of every worker's samples per step, at drift 0.
+``D_g = c_g sum_{h != g} d(tau_h) / c_h`` (:func:`group_drift`); each
+group is read at both. Sync makes one update of every worker's samples per
+step, at drift 0.
 
 A run's updates to the target are those at its first validation at or
 above the target, so they depend on how often it validates
@@ -65,9 +82,10 @@ The file is JSON: an object whose ``points`` is a list of objects with
 cadence of those points in ``eval_every`` (1 when absent:
 ``bench/convergence.py``'s runs validate after every update), the damping
 rule of the measuring runs in ``damping`` (``inverse`` when absent, the
-runtime's default), and optionally ``tables``, a list of objects each with
-its own ``eval_every`` and ``points`` (the same runs read at other
-cadences); other keys (``bench/convergence.py``'s runs, ranges, metadata)
+runtime's default), the fitted weight in ``staleness_weight`` (0 when
+absent), and optionally ``tables``, a list of objects each with its own
+``eval_every``, ``points`` and ``staleness_weight`` (the same runs read at
+other cadences; the file's weight where a table has none); other keys (``bench/convergence.py``'s runs, ranges, metadata)
 are ignored.
 """
 
@@ -85,10 +103,13 @@ from ..ps.compensation import DAMPING_RULES, damping
 
 __all__ = [
     "ConvergenceTable",
+    "MixedCell",
+    "fit_staleness_weight",
     "group_drift",
     "group_staleness",
     "load_convergence",
     "time_to_target",
+    "updates_of",
 ]
 
 
@@ -114,12 +135,17 @@ class ConvergenceTable:
             (``--eval-every``).
         damping: The servers' damping rule in the measuring runs (a point's
             drift is ``staleness x damping(staleness)``).
+        staleness_weight: ``w`` in [0, 1]: how much an update's own
+            staleness counts beside its drift (``U = U(D)^(1-w) U(tau)^w``,
+            see the module); 0 reads drift alone. Fitted on runs of mixed
+            speeds (:func:`fit_staleness_weight`).
     """
 
     points: tuple[tuple[float, float, float], ...]
     target_accuracy: float | None = None
     eval_every: int = 1
     damping: str = "inverse"
+    staleness_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -153,6 +179,9 @@ class ConvergenceTable:
             raise ValueError(
                 f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}"
             )
+        w = self.staleness_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
+            raise ValueError(f"staleness_weight must be in [0, 1], got {w!r}")
         if self.damping not in DAMPING_RULES:
             raise ValueError(
                 f"damping must be one of {', '.join(DAMPING_RULES)}, got "
@@ -199,37 +228,62 @@ class ConvergenceTable:
         return u0 + (u1 - u0) * (drift - d0) / (d1 - d0)
 
     def updates_to_target(
-        self, batch: float, staleness: float = 0.0, *, drift: float | None = None
+        self,
+        batch: float,
+        staleness: float | None = None,
+        *,
+        drift: float | None = None,
     ) -> float:
         """Interpolated updates to the target at ``batch`` samples per update
         (see the module).
 
         Args:
             batch: Samples per update.
-            staleness: The updates' staleness among equal workers (its drift
-                is the table's ``drift(staleness)``); ignored with ``drift``.
-            drift: The updates' drift, in undamped updates.
+            staleness: The updates' own staleness (0 when neither it nor
+                ``drift`` is given). Alone, it is read as equal workers'
+                staleness, at the table's ``drift(staleness)``.
+            drift: The updates' drift, in undamped updates. With a
+                ``staleness_weight`` above 0 the staleness is needed too.
 
         Returns:
             The updates; ``math.inf`` where the drift is so far beyond the
             table's that the updates are predicted to buy nothing.
 
         Raises:
-            ValueError: ``batch`` not > 0, or ``staleness`` or ``drift`` < 0
-                (or not finite).
+            ValueError: ``batch`` not > 0, ``staleness`` or ``drift`` < 0
+                (or not finite), or ``drift`` without ``staleness`` on a
+                table whose ``staleness_weight`` is above 0.
         """
         b = _number(batch, "batch")
         if not b > 0:
             raise ValueError(f"batch must be > 0, got {b:g}")
-        if drift is None:
+        tau = None
+        if staleness is not None:
             tau = _number(staleness, "staleness")
             if tau < 0:
                 raise ValueError(f"staleness must be >= 0, got {tau:g}")
-            d = self.drift(tau)
-        else:
-            d = _number(drift, "drift")
-            if d < 0:
-                raise ValueError(f"drift must be >= 0, got {d:g}")
+        if drift is None:
+            return self._at(b, self.drift(tau or 0.0))
+        d = _number(drift, "drift")
+        if d < 0:
+            raise ValueError(f"drift must be >= 0, got {d:g}")
+        w = self.staleness_weight
+        if w == 0:
+            return self._at(b, d)
+        if tau is None:
+            raise ValueError(
+                f"this table weighs an update's own staleness ({w:g}): "
+                "give the staleness beside the drift"
+            )
+        if w == 1:
+            return self._at(b, self.drift(tau))
+        u_drift, u_stale = self._at(b, d), self._at(b, self.drift(tau))
+        if math.isinf(u_drift) or math.isinf(u_stale):
+            return math.inf
+        return math.exp((1 - w) * math.log(u_drift) + w * math.log(u_stale))
+
+    def _at(self, b: float, d: float) -> float:
+        """``U`` at ``b`` samples per update and drift ``d`` (see the module)."""
         batches = self.batches
         if b <= batches[0]:  # the samples held (see the module)
             return self._along_drift(batches[0], d) * batches[0] / b
@@ -293,6 +347,10 @@ class ConvergenceTable:
                 **found[0],
                 "target_accuracy": data.get("target_accuracy"),
                 "damping": data.get("damping", "inverse"),
+                # a cadence's own fit, else the file's
+                "staleness_weight": found[0].get(
+                    "staleness_weight", data.get("staleness_weight", 0.0)
+                ),
             }
             own = eval_every
         points = data.get("points")
@@ -310,7 +368,13 @@ class ConvergenceTable:
         try:
             if target is not None:
                 target = _number(target, "target_accuracy")
-            return cls(tuple(triples), target, own, data.get("damping", "inverse"))
+            return cls(
+                tuple(triples),
+                target,
+                own,
+                data.get("damping", "inverse"),
+                data.get("staleness_weight", 0.0),
+            )
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
@@ -320,6 +384,7 @@ class ConvergenceTable:
             "target_accuracy": self.target_accuracy,
             "eval_every": self.eval_every,
             "damping": self.damping,
+            "staleness_weight": self.staleness_weight,
             "points": [
                 {"batch": b, "staleness": t, "updates": u} for b, t, u in self.points
             ],
@@ -411,10 +476,104 @@ def time_to_target(
         raise ValueError(f"group cycles must be > 0, got {list(group_cycle_s)}")
     if mode == "sync":
         step = max(group_cycle_s)
-        return step * table.updates_to_target(sum(group_samples), drift=0.0)
+        return step * table.updates_to_target(sum(group_samples), 0.0, drift=0.0)
+    taus = group_staleness(group_cycle_s)
     drifts = group_drift(group_cycle_s, table.damping)
     progress = sum(
-        1.0 / (c * table.updates_to_target(b, drift=d))
-        for b, c, d in zip(group_samples, group_cycle_s, drifts, strict=True)
+        1.0 / (c * table.updates_to_target(b, tau, drift=d))
+        for b, c, tau, d in zip(group_samples, group_cycle_s, taus, drifts, strict=True)
     )
     return 1.0 / progress if progress > 0 else math.inf
+
+
+def updates_of(
+    table: ConvergenceTable,
+    mode: str,
+    group_samples: Sequence[float],
+    group_cycle_s: Sequence[float],
+) -> float:
+    """Predicted updates a job makes to the target: its time to the target
+    (:func:`time_to_target`) times its updates per second (every group's
+    in ``hybrid``/``async``, the slowest group's steps in ``sync``);
+    ``math.inf`` where it never gets there.
+
+    Raises:
+        ValueError: As :func:`time_to_target`.
+    """
+    t = time_to_target(table, mode, group_samples, group_cycle_s)
+    if mode == "sync":
+        return t / max(group_cycle_s)
+    return t * sum(1.0 / c for c in group_cycle_s)
+
+
+@dataclass(frozen=True)
+class MixedCell:
+    """Runs whose groups differ in speed, and the updates they needed.
+
+    Attributes:
+        mode: ``hybrid`` or ``async``.
+        group_samples: Samples of each group's update.
+        group_cycles: Each group's time per update (any unit: only their
+            ratios matter).
+        updates: The runs' median updates to the target (all groups').
+    """
+
+    mode: str
+    group_samples: tuple[float, ...]
+    group_cycles: tuple[float, ...]
+    updates: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("hybrid", "async"):
+            raise ValueError(
+                f"a mixed cell's mode must be hybrid or async, got {self.mode!r}"
+            )
+        if not self.group_samples or len(self.group_samples) != len(self.group_cycles):
+            raise ValueError("a mixed cell needs one cycle per group")
+        if any(not c > 0 for c in (*self.group_samples, *self.group_cycles)):
+            raise ValueError("a mixed cell's samples and cycles must be > 0")
+        if not self.updates > 0:
+            raise ValueError(
+                f"a mixed cell's updates must be > 0, got {self.updates!r}"
+            )
+
+
+def fit_staleness_weight(
+    table: ConvergenceTable, cells: Sequence[MixedCell], *, steps: int = 100
+) -> tuple[float, list[float]]:
+    """The ``staleness_weight`` in [0, 1] that best predicts mixed runs.
+
+    Equal workers cannot tell an update's own staleness from its drift (one
+    fixes the other), so the table measured on them holds both at once;
+    runs of mixed speeds separate them. The weight minimises the squared
+    log error of :func:`updates_of` over ``cells``, searched on a grid of
+    ``steps + 1`` values (the error is not smooth in it: the table is
+    piecewise linear); a weight at which some cell is predicted never to
+    get there is not a candidate.
+
+    Returns:
+        The weight and each cell's predicted updates at it.
+
+    Raises:
+        ValueError: No cells, or no weight that gets every cell there.
+    """
+    if not cells:
+        raise ValueError("fitting the staleness weight needs mixed cells")
+    best: tuple[float, float, list[float]] | None = None
+    for i in range(steps + 1):
+        w = i / steps
+        t = ConvergenceTable(
+            table.points, table.target_accuracy, table.eval_every, table.damping, w
+        )
+        got = [updates_of(t, c.mode, c.group_samples, c.group_cycles) for c in cells]
+        if any(math.isinf(u) for u in got):
+            continue
+        err = sum(
+            (math.log(u) - math.log(c.updates)) ** 2
+            for u, c in zip(got, cells, strict=True)
+        )
+        if best is None or err < best[0] - 1e-12:
+            best = (err, w, got)
+    if best is None:
+        raise ValueError("no staleness weight gets every mixed cell to the target")
+    return best[1], best[2]
