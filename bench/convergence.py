@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -512,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             if loaded[0].get(key) is not None:  # what the runs were, not the flags
                 setattr(args, key, loaded[0][key])
         if mixed:  # measured now, as the files' runs were, at --steps
+            started += ", " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
             records = merge([records, measure([], [], args, mixed)])
         args.steps = max(file_steps, args.steps if mixed else 0)
     else:
@@ -541,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     table = tables[0]["points"]
     if args.json:
         meta = {
-            "command": " ".join(
+            # (quoted: a --mixed cell is one argument with spaces)
+            "command": shlex.join(
                 ["python", "bench/convergence.py", *(argv or sys.argv[1:])]
             ),
             "started": started,

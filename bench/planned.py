@@ -16,7 +16,7 @@ it runs ``hybridagg plan -n W --slowdown S --sample-ms MS --objective
 throughput`` (the model profiled on the spot, or ``--profile FILE``; with
 ``--objective time --convergence FILE``, the plan with the shortest
 predicted time to the target instead, from a ``bench/convergence.py``
-table such as bench/results/sim/convergence-digits-paced.json, read at the
+table such as bench/results/sim/convergence-digits-paced-mixed.json, read at the
 jobs' ``--eval-every``), then
 trains the planned job (``hybridagg train --plan FILE`` on the plan's ranks)
 and the hand-written configurations (as bench/hetero.py writes them: sync;
@@ -129,7 +129,8 @@ def train(nranks: int, train_args: list[str], args, out: Path) -> list[dict]:
     """Train ``--seeds`` runs in one MPI job (bench/hetero.py's inner loop)."""
     from hybridagg.runtime import runner
 
-    seeds = ",".join(str(s) for s in range(args.seeds))
+    first = args.first_seed
+    seeds = ",".join(str(s) for s in range(first, first + args.seeds))
     cmd = [sys.executable, str(hetero.HERE), "--inner", "--seeds", seeds]
     cmd += ["--out", str(out), "--", *train_args, "--no-progress"]
     result = runner.run_job(
@@ -139,7 +140,7 @@ def train(nranks: int, train_args: list[str], args, out: Path) -> list[dict]:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"planned: the job {shlex.join(train_args)} failed")
     records = json.loads(out.read_text())
-    for seed, rec in enumerate(records):
+    for seed, rec in enumerate(records, start=first):
         rec["seed"] = seed
     return records
 
@@ -233,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         f"after {PLANNED})",
     )
     p.add_argument("--seeds", type=int, default=10, help="seeds per configuration")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds from this one on (a new sitting)",
+    )
     p.add_argument("--data", default="runs/digits.h5")
     p.add_argument("--model", default="mlp")
     p.add_argument("--profile", help="a profile for hybridagg plan (default: --model)")

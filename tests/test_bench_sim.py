@@ -369,6 +369,7 @@ def test_planned_configurations_match_the_clusters(planned, tmp_path):
 def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
     out = tmp_path / "planned.json"
     argv = ["--clusters", "headline-4x", "--configs", "planned,sync", "--seeds", "1"]
+    argv += ["--first-seed", "3"]  # (a later sitting's seeds)
     argv += ["--epochs", "1", "--data", digits, "--json", str(out), "--timeout", "600"]
     assert planned.main(argv) == 0
     data = json.loads(out.read_text())
@@ -377,7 +378,7 @@ def test_planned_end_to_end_and_from_json(planned, digits, tmp_path, capsys):
     # turns on the profile measured on the spot, under whatever else runs)
     assert plan["emulation"] == "headline-4x" and plan["workers"] in (2, 4), plan
     assert [(r["config"], r["seed"]) for r in data["records"]] == [
-        ("planned", 0), ("sync", 0),
+        ("planned", 3), ("sync", 3),
     ]  # fmt: skip
     assert data["records"][0]["train_args"] == plan["train_args"]
     assert data["records"][0]["workers"] == plan["workers"]  # the plan's ranks

@@ -441,9 +441,15 @@ def test_nan_data_stops_every_rank_in_sync_with_exit_3(nan_digits, tmp_path):
     assert "loss" in text and "nan" in text and "not finite" in text, text[-3000:]
 
 
-def test_nan_data_stops_every_group_and_the_server_in_hybrid(nan_digits, tmp_path):
+@pytest.mark.parametrize("counter", ["auto", "server"])
+def test_nan_data_stops_every_group_and_the_server_in_hybrid(
+    nan_digits, tmp_path, counter
+):
+    # with the chunk counter on server 0 the stop goes through its drain:
+    # the server answers the loaders' last draws until every worker joins
     args = ["--data", nan_digits, "--no-progress", "--epochs", "3"]
     args += ["--mode", "hybrid", "--groups", "0-1,2", "--servers", "1"]
+    args += ["--chunk-counter", counter]
     args += [
         "--metrics",
         str(tmp_path / "m.jsonl"),

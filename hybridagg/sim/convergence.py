@@ -49,8 +49,9 @@ and drift fix each other, so a table measured on them holds both effects at
 once; among workers of mixed speeds they part. A fast worker beside slow
 ones has a small drift (the slow updates in between are few) but a large
 staleness, and the servers damp its *own* update by ``d(tau)``: the
-uneven cluster's fast workers in async (staleness 3.25, drift 0.46) needed
-about 82 updates where the table read at their drift alone says 55. With
+uneven cluster's fast workers in async (staleness 3.25, drift 0.46) made
+about 93 updates to the target where the table read at their drift alone
+says 55.5 (bench/RESULTS.md, "An update's own staleness"). With
 a ``staleness_weight`` ``w`` the table reads an update at both keys and
 blends them geometrically, ``U = U(B, D)^(1 - w) x U(B, D_eq(tau))^w``,
 where ``D_eq(tau) = tau d(tau)`` is the drift equal workers have at that
