@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -384,7 +385,9 @@ def mixed_cells(
     for c, f, u in zip(out, fit, predicted, strict=True):
         c["predicted"] = round(u, 1)
         drift_only = updates_of(base, f.mode, f.group_samples, f.group_cycles)
-        c["predicted_drift"] = round(drift_only, 1) if drift_only < 1e300 else None
+        c["predicted_drift"] = (
+            round(drift_only, 1) if math.isfinite(drift_only) else None
+        )
     return out, weight
 
 

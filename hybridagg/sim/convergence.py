@@ -26,8 +26,9 @@ measured, they bought nothing (bench/RESULTS.md, "Drift: what a slow
 worker's update is worth").
 
 :meth:`ConvergenceTable.updates_to_target` interpolates ``U`` at any
-``(B, D)`` (and the update's own staleness, below): per measured ``B``, linearly in drift between its points (each
-point's drift ``tau d(tau)``, the table's ``damping`` rule); beyond its
+``(B, D)`` (and the update's own staleness, below): per measured ``B``,
+linearly in drift between its points (each point's drift ``tau d(tau)``,
+the table's ``damping`` rule); beyond its
 largest measured drift the *progress per update* ``1 / U`` falls: along
 the line through its last two points where they fall, and in any case
 linearly to zero at twice that drift, floored at zero (``U`` infinite: the
@@ -86,8 +87,9 @@ rule of the measuring runs in ``damping`` (``inverse`` when absent, the
 runtime's default), the fitted weight in ``staleness_weight`` (0 when
 absent), and optionally ``tables``, a list of objects each with its own
 ``eval_every``, ``points`` and ``staleness_weight`` (the same runs read at
-other cadences; the file's weight where a table has none); other keys (``bench/convergence.py``'s runs, ranges, metadata)
-are ignored.
+other cadences; the file's weight where a table has none); other keys
+(``bench/convergence.py``'s runs, ranges, mixed cells, metadata) are
+ignored.
 """
 
 from __future__ import annotations
