@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from ..comm import solo
 from ..ps.server import ServerStats, serve, server_max_sleep
@@ -34,6 +35,8 @@ class _ServerEvents:
         topo: The topology.
         ck: Writes this rank's checkpoint parts (``None``: no checkpoints).
         metrics: Where ``checkpoint`` and ``batch`` records go.
+        poll: Server 0's chunk counter, answered while it waits at the start
+            (``None``: no counter here).
     """
 
     def __init__(
@@ -42,15 +45,19 @@ class _ServerEvents:
         topo: Topology,
         ck: Checkpointer | None,
         metrics: MetricsWriter,
+        poll: Callable[[], object] | None = None,
     ) -> None:
         self.cfg, self.topo, self.ck, self.metrics = cfg, topo, ck, metrics
+        self.poll = poll
         self.start = 0.0
         self.cpu0 = time.process_time()  # reset at the start of training
         self._last: dict = {}
 
     def on_ready(self) -> None:
         """The shards are in place: start the clock with the workers."""
-        self.topo.comms.world.barrier(what="start of training")
+        # (server 0 answers chunk draws meanwhile: the workers' loaders
+        # read ahead from before the barrier)
+        self.topo.comms.world.barrier(what="start of training", poll=self.poll)
         self.start = time.perf_counter()
         self.cpu0 = time.process_time()
 
@@ -183,7 +190,9 @@ class ServerRole:
             world.check(None, what="the stages")
         metrics = MetricsWriter(cfg.metrics, topo.rank)
         warm_up_optimizer(cfg)
-        events = _ServerEvents(cfg, topo, ck, metrics)
+        events = _ServerEvents(
+            cfg, topo, ck, metrics, self.chunks.poll if self.chunks else None
+        )
         first = topo.servers[0] == topo.rank
         common = {  # what serve() takes whether or not groups may be lost
             "checkpoint_every": cfg.checkpoint_every,
