@@ -536,3 +536,23 @@ def test_cost_train_bench_best_mix_and_a_short_run(tmp_path, capsys):
     )
     assert "Best mix within 10 $/h" in capsys.readouterr().out
     assert bench.main(["--from-json", str(out)]) == 0
+
+
+def test_wait_cost_reports_the_waiting_ranks_cpu_per_wait(tmp_path):
+    """bench/wait_cost.py on 2 real ranks: one row per wait, CPU below wall."""
+    from hybridagg.runtime import runner
+
+    out = tmp_path / "w.json"
+    script = Path(__file__).resolve().parents[1] / "bench" / "wait_cost.py"
+    cmd = [sys.executable, str(script), "--waits", "0.02,0.1", "--reps", "2"]
+    result = runner.run_job(
+        runner.mpiexec_argv(2, [*cmd, "--json", str(out)]),
+        timeout=120,
+        env=runner.mpiexec_env(),
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["wait_s"] for r in rows] == [0.02, 0.1]
+    for r in rows:
+        assert r["wall_s"] >= r["wait_s"] * 0.9 and 0 <= r["cpu_s"] < r["wall_s"]
+    assert "| CPU / wall |" in result.stdout
