@@ -16,8 +16,8 @@ it runs ``hybridagg plan -n W --slowdown S --sample-ms MS --objective
 throughput`` (the model profiled on the spot, or ``--profile FILE``; with
 ``--objective time --convergence FILE``, the plan with the shortest
 predicted time to the target instead, from a ``bench/convergence.py``
-table such as bench/results/sim/convergence-digits-paced-mixed.json, read at the
-jobs' ``--eval-every``), then
+table such as bench/results/sim/convergence-digits-paced-mixed.json, read
+at the jobs' ``--eval-every``), then
 trains the planned job (``hybridagg train --plan FILE`` on the plan's ranks)
 and the hand-written configurations (as bench/hetero.py writes them: sync;
 hybrid with the workers grouped by speed and one server; async with one
