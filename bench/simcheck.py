@@ -24,7 +24,10 @@ In order, all in the same sitting:
    ranks, a server's update), ``bench/allreduce.py`` over 4 ranks (sizes up
    to the model's gradient) and ``bench/ps.py`` (push+pull latency to one
    server, and the server's capacity with 2 and 4 leaders at the model's
-   size); :func:`calibrate` fits the profile's all-reduce and server
+   size); with ``--cluster``, ``bench/allreduce.py`` over 4 ranks across
+   the emulated cluster too (its links between nodes: their latency and
+   the core's bandwidth, :func:`hybridagg.sim.calibrate.fit_network`);
+   :func:`calibrate` fits the profile's all-reduce, server and network
    parameters from their ``--json`` outputs. The training cells are never
    used to fit anything.
 2. **Real runs**: every (cell, mode) with bench/hetero.py's machinery
@@ -289,23 +292,45 @@ def check_cluster_match(emulated: str | Path, sim: str | Path, workers: int) -> 
 
 
 # ------------------------------------------------------------ calibration
-def calibrate(profile: Path, allreduce_json: Path, ps_json: Path, out: Path) -> dict:
+def calibrate(
+    profile: Path,
+    allreduce_json: Path,
+    ps_json: Path,
+    out: Path,
+    network: tuple[Path, Path] | None = None,
+) -> dict:
     """Fit the profile's all-reduce and server parameters on the
     microbenchmarks' ``--json`` outputs (:func:`hybridagg.sim.calibrate`)
-    and write the calibrated profile to ``out``."""
+    and write the calibrated profile to ``out``. ``network``: (the
+    all-reduce's output across an emulated cluster, the simulator's file of
+    that cluster), whose links between nodes are fitted on it."""
     from hybridagg.sim import calibrate as fit
-    from hybridagg.sim import load_profile, save_profile
+    from hybridagg.sim import load_cluster, load_profile, save_profile
 
+    across = {}
+    if network is not None:
+        across = {
+            "network_json": str(network[0]),
+            "network_cluster": load_cluster(network[1]),
+        }
     calibrated = fit(
-        load_profile(profile), allreduce_json=str(allreduce_json), ps_json=str(ps_json)
+        load_profile(profile),
+        allreduce_json=str(allreduce_json),
+        ps_json=str(ps_json),
+        **across,
     )
     save_profile(calibrated, out)
-    return {
+    how = "hybridagg.sim.calibrate on bench/allreduce.py and bench/ps.py"
+    rec = {
         "profile": str(out),
         "raw_profile": str(profile),
-        "how": "hybridagg.sim.calibrate on bench/allreduce.py and bench/ps.py",
+        "how": how
+        + (" (and bench/allreduce.py across the cluster)" if network else ""),
         "content": json.loads(out.read_text()),
     }
+    if network is not None:
+        rec.update({"network_json": str(network[0]), "sim_cluster": str(network[1])})
+    return rec
 
 
 def _job(nranks: int, cmd: list[str], timeout: float, what: str) -> None:
@@ -327,13 +352,16 @@ def _size_arg(nbytes: int) -> str:
     return str(size)
 
 
-def measure(model: str, args, work: Path) -> dict:
+def measure(model: str, args, work: Path, sim_cluster: str | None = None) -> dict:
     """Profile ``model`` and run the microbenchmarks (reused from ``work``
-    with ``--reuse``), then :func:`calibrate`."""
+    with ``--reuse``), then :func:`calibrate`. With ``args.cluster``, also
+    ``bench/allreduce.py`` across the emulated cluster's first hosts (its
+    links between nodes, fitted for ``sim_cluster``)."""
     nbytes = hetero.model_bytes(model, args.data)
     prof = work / f"profile-{model}.json"
     ar = work / f"allreduce-{model}.json"
     ps = work / f"ps-{model}.json"
+    across = work / f"allreduce-across-{model}.json"
     hyb = str(Path(sys.executable).parent / "hybridagg")
     steps = [
         (
@@ -361,6 +389,19 @@ def measure(model: str, args, work: Path) -> dict:
             lambda: _run_ps(nbytes, args, ps),
         ),
     ]  # fmt: skip
+    if args.cluster:
+        steps.append(
+            (
+                across,
+                lambda: _across(
+                    args.cluster,
+                    [sys.executable, str(HERE.parent / "allreduce.py"), "--impls",
+                     "hybridagg-flat", "--max", _size_arg(nbytes), "--reps",
+                     str(args.reps * 4), "--json", str(across)],
+                    args.timeout,
+                ),
+            )
+        )  # fmt: skip
     for path, run in steps:
         if args.reuse and path.exists():
             print(f"# reusing {path}", flush=True)
@@ -368,9 +409,22 @@ def measure(model: str, args, work: Path) -> dict:
         start = time.perf_counter()
         run()
         print(f"# {path.name}: {time.perf_counter() - start:.0f} s", flush=True)
-    rec = calibrate(prof, ar, ps, work / f"calibrated-{model}.json")
+    network = (across, Path(sim_cluster)) if args.cluster and sim_cluster else None
+    rec = calibrate(prof, ar, ps, work / f"calibrated-{model}.json", network)
     rec.update({"model": model, "allreduce_json": str(ar), "ps_json": str(ps)})
     return rec
+
+
+def _across(cluster: str, cmd: list[str], timeout: float) -> None:
+    """Run ``cmd`` on ``WORKERS`` ranks of the emulated ``cluster`` (up)."""
+    from hybridagg.runtime import runner
+
+    launch = [str(Path(sys.executable).parent / "hybridagg-run"), "--cluster", cluster,
+              "-n", str(WORKERS), "--", *cmd]  # fmt: skip
+    result = runner.run_job(launch, timeout=timeout, env=runner.mpiexec_env())
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
+        raise SystemExit("simcheck: bench/allreduce.py across the cluster failed")
 
 
 def _run_ps(nbytes: int, args, out: Path) -> None:
@@ -460,13 +514,16 @@ def recalibrate(calibration: list[dict]) -> list[dict]:
             path.with_name(f"profile-{rec['model']}.json")
         )
         inputs = [Path(raw), Path(rec["allreduce_json"]), Path(rec["ps_json"])]
-        missing = [str(p) for p in inputs if not p.exists()]
+        network = None
+        if rec.get("network_json"):
+            network = (Path(rec["network_json"]), Path(rec["sim_cluster"]))
+        missing = [str(p) for p in [*inputs, *(network or ())] if not p.exists()]
         if missing:
             raise SystemExit(
                 f"--recalibrate: {', '.join(missing)} no longer exist (run the "
                 "sitting with --work DIR to keep its microbenchmarks)"
             )
-        new = calibrate(*inputs, path)
+        new = calibrate(*inputs, path, network)
         out.append({**rec, **new})
         print(f"# recalibrated {path}", flush=True)
     return out
@@ -510,7 +567,7 @@ def run(args) -> dict:
         models = list(dict.fromkeys(CELLS[c][0] for c in args.cells))
         profiles = {}
         for model in models:
-            rec = measure(model, args, work)
+            rec = measure(model, args, work, sim_cluster)
             out["calibration"].append(rec)
             profiles[model] = rec["profile"]
             print(f"# {model}: {rec['how']}", flush=True)

@@ -142,7 +142,8 @@ def _hops(
     job: SimJob, ranks: list[int], pairs: list[tuple[int, int]]
 ) -> list[tuple[float, float, bool]]:
     """(bandwidth, latency, is a copy) of each hop ``(i, j)`` (positions in
-    ``ranks``), the flows that leave (enter) a node sharing its link."""
+    ``ranks``), the flows that leave (enter) a node sharing its link, and all
+    the flows between nodes sharing the core switch."""
     nodes = [job.workers[r]["node"] for r in ranks]
     leaving: dict[int, int] = {}
     entering: dict[int, int] = {}
@@ -151,12 +152,15 @@ def _hops(
         if a != b:
             leaving[a] = leaving.get(a, 0) + 1
             entering[b] = entering.get(b, 0) + 1
+    crossing = sum(leaving.values())
     out = []
     for i, j in pairs:
         a, b = nodes[i], nodes[j]
         bw, lat, copy = link_between(job, a, b)
         if a != b:
             bw /= max(leaving.get(a, 1), entering.get(b, 1))
+            if job.core is not None:  # every crossing shares the core switch
+                bw = min(bw, float(job.core["bandwidth"]) / crossing)
         out.append((bw, lat, copy))
     return out
 
@@ -358,7 +362,8 @@ def _broadcast_seconds(job: SimJob, group: list[int]) -> float:
 
 def _server_seconds(job: SimJob) -> tuple[list[float], list[float]]:
     """Per server: its update's seconds, and its seconds of link time per
-    update (its shard in over its node's link, shared by the node's servers)."""
+    update (its shard in over its node's link, shared by the node's servers,
+    or the whole push across the core switch, if that is longer)."""
     k = len(job.servers)
     on_node: dict[int, int] = {}
     for s in job.servers:
@@ -376,7 +381,12 @@ def _server_seconds(job: SimJob) -> tuple[list[float], list[float]]:
                 float(node["intra"]["bandwidth"]),
                 float(job.inter["bandwidth"]) / on_node[s["node"]],
             )
-        link.append(shard / bw)
+        seconds = shard / bw
+        if job.core is not None:
+            # every shard of a push crosses the core switch with the others
+            # (the replies' share of it is left out)
+            seconds = max(seconds, job.grad_bytes / float(job.core["bandwidth"]))
+        link.append(seconds)
     return update, link
 
 

@@ -9,6 +9,8 @@ and returns the profile with:
   ``2(n-1)(latency + bytes/(n bandwidth))`` fitted on the median times of
   hybridagg's own flat all-reduce (``hybridagg-flat``; ``hybridagg``, the
   bucketed optimizer, where the flat one was not run);
+* ``networks`` (:func:`fit_network`): a cluster's links between nodes
+  from ``bench/allreduce.py`` run across them;
 * ``server``: the optimizer's time per update and per byte of a shard
   (``update_us`` at each size, divided among the servers), a leader's
   transfer to a server (``hybridagg-ps``'s round trips without the update:
@@ -32,9 +34,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .profile import AllreduceFit, Profile, ServerFit
+from .cluster import ClusterSpec
+from .profile import AllreduceFit, NetworkFit, Profile, ServerFit
 
-__all__ = ["calibrate", "fit_allreduce", "fit_line", "fit_server"]
+__all__ = ["calibrate", "fit_allreduce", "fit_line", "fit_network", "fit_server"]
+
+NOMINAL = 0.98
+"""A ring whose links between nodes delivered at least this share of their
+nominal bandwidth met nothing else: no core bandwidth is fitted."""
 
 ALLREDUCE_IMPLS = ("hybridagg-flat", "hybridagg")
 """bench/allreduce.py's rows that are hybridagg's own reduction, preferred first."""
@@ -135,6 +142,62 @@ def fit_allreduce(
             )
         )
     return tuple(fits)
+
+
+def fit_network(
+    records: list[dict], cluster: ClusterSpec, source: str = "bench/allreduce.py"
+) -> NetworkFit:
+    """The links between ``cluster``'s nodes from ``bench/allreduce.py`` run
+    across them (``hybridagg-run --cluster``, ranks on the devices in order).
+
+    The ring's time is fitted as in :func:`fit_allreduce` (at its largest
+    measured group). Its phases wait for the slowest link, one between
+    nodes: the fitted latency, less the node's own link's, is a message's
+    latency between nodes. Each of the ring's links between nodes carries
+    ``2(n-1)/n`` of the bytes at the fitted bandwidth; below the nodes'
+    nominal link rate (:data:`NOMINAL`), they were held by what they all
+    cross, and the core's bandwidth is their count times it.
+
+    Raises:
+        ValueError: No usable record, more ranks than the cluster's devices,
+            or every rank on one node (no link between nodes measured).
+    """
+    fits = fit_allreduce(records, source)
+    fit = max(fits, key=lambda f: f.ranks)
+    nodes = [
+        (t, k)
+        for t in cluster.node_types
+        for k in range(t.count)
+        for _ in range(t.devices)
+    ]
+    if fit.ranks > len(nodes):
+        raise ValueError(
+            f"{source}: {fit.ranks} ranks, but cluster {cluster.name} has "
+            f"{len(nodes)} devices"
+        )
+    ring = nodes[: fit.ranks]
+    crossings = sum(1 for i in range(fit.ranks) if ring[i] != ring[(i + 1) % fit.ranks])
+    if crossings == 0:
+        raise ValueError(
+            f"{source}: its {fit.ranks} ranks sit on one node of cluster "
+            f"{cluster.name}; no link between nodes was measured"
+        )
+    node_type = ring[0][0]
+    own = 0.0 if node_type.shared_cores else cluster.intra_link(node_type).latency
+    nominal = cluster.inter_node.bandwidth
+    if not node_type.shared_cores:
+        nominal = min(nominal, cluster.intra_link(node_type).bandwidth)
+    core = (
+        crossings * fit.bandwidth_Bps if fit.bandwidth_Bps < NOMINAL * nominal else 0.0
+    )
+    return NetworkFit(
+        cluster=cluster.name,
+        latency_s=max(0.0, fit.latency_s - own),
+        core_Bps=core,
+        ranks=fit.ranks,
+        crossings=crossings,
+        points=fit.points,
+    )
 
 
 def fit_server(
@@ -262,17 +325,27 @@ def calibrate(
     *,
     allreduce_json: Paths | None = None,
     ps_json: Paths | None = None,
+    network_json: Paths | None = None,
+    network_cluster: ClusterSpec | None = None,
 ) -> Profile:
     """``profile`` with the fits of ``bench/allreduce.py --json`` and
     ``bench/ps.py --json`` outputs (see the module; each a file or several,
     e.g. one per ``mpiexec -n``: their records are pooled); the files are
-    named in its notes (``calibrated_from``).
+    named in its notes (``calibrated_from``). ``network_json``:
+    ``bench/allreduce.py`` run across ``network_cluster``'s nodes
+    (:func:`fit_network`; it replaces that cluster's earlier fit).
 
     Raises:
-        ValueError: A missing or bad file, naming it.
+        ValueError: A missing or bad file, naming it; a network without its
+            cluster.
     """
-    if allreduce_json is None and ps_json is None:
-        raise ValueError("calibrate needs allreduce_json, ps_json or both")
+    if allreduce_json is None and ps_json is None and network_json is None:
+        raise ValueError("calibrate needs allreduce_json, ps_json or network_json")
+    if (network_json is None) != (network_cluster is None):
+        raise ValueError(
+            "calibrate: network_json and network_cluster go together (the "
+            "all-reduce across a cluster, and that cluster's file)"
+        )
     notes = dict(profile.notes)
     sources = list(notes.get("calibrated_from", []))
     if allreduce_json is not None:
@@ -286,6 +359,13 @@ def calibrate(
         data = _load_all(paths, "parameter-server results")
         server = fit_server(data, profile.server, ", ".join(paths))
         profile = replace(profile, server=server)
+        sources += paths
+    if network_json is not None and network_cluster is not None:
+        paths = _paths(network_json)
+        data = _load_all(paths, "all-reduce results across a cluster")
+        fit = fit_network(data, network_cluster, ", ".join(paths))
+        others = tuple(n for n in profile.networks if n.cluster != fit.cluster)
+        profile = replace(profile, networks=(*others, fit))
         sources += paths
     notes["calibrated_from"] = sources
     return replace(profile, notes=notes)

@@ -6,6 +6,7 @@ A cluster file (YAML, JSON or TOML; the README documents the fields)::
     links:
       intra_node: {bandwidth: 100Gb/s, latency: 1us}
       inter_node: {bandwidth: 25Gb/s, latency: 5us}
+      core: {bandwidth: 400GB/s}       # optional: the core switch's capacity
     node_types:
       - {name: fast, count: 64, devices: 8, speed: 2.0, memory: 80GiB, price_per_hour: 32}
       - {name: slow, count: 64, devices: 8, speed: 1.0, memory: 32GiB, price_per_hour: 12}
@@ -17,7 +18,9 @@ With ``cores: C`` the node's ranks instead share ``C`` cores (a machine
 without accelerators: compute, memory copies and server updates contend
 for them) and the node's ``intra_node`` link is a memory copy that costs
 core time at its bandwidth. ``intra_node`` may be set per node type.
-Servers run on nodes of ``servers.node_types``, at most ``per_node`` on a
+Every message between nodes crosses the node's ``inter_node`` link at both
+ends and, when ``links.core`` is given, the core switch, whose bandwidth all
+such messages share. Servers run on nodes of ``servers.node_types``, at most ``per_node`` on a
 node, taken from the last such node backwards; a server on a node of
 devices gets a core of its own (``server_speed`` times the profiled
 server), on a node of shared cores it shares them.
@@ -130,6 +133,11 @@ class ClusterSpec:
     intra_node: LinkSpec
     inter_node: LinkSpec
     servers: ServerPlacement
+    core: LinkSpec | None = None
+    """the core switch every message between nodes crosses, its bandwidth
+    shared by all of them whichever way they go (a cluster's bisection
+    bandwidth; an emulated cluster's kernel forwarding on shared cores);
+    ``None``: it never limits"""
     source: str = field(default="", compare=False)
     """the file it came from (for messages)"""
 
@@ -370,6 +378,8 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     links = _Fields(top.get("links", required=True), "links", path)
     intra = _link(links.get("intra_node", required=True), "links.intra_node", path)
     inter = _link(links.get("inter_node", required=True), "links.inter_node", path)
+    core_data = links.get("core")
+    core = None if core_data is None else _link(core_data, "links.core", path)
     links.done()
     types_data = top.get("node_types", required=True)
     if not isinstance(types_data, list) or not types_data:
@@ -403,6 +413,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
             intra_node=intra,
             inter_node=inter,
             servers=placement,
+            core=core,
             source=str(path),
         )
     except ValueError as exc:

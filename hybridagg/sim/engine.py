@@ -6,8 +6,9 @@ allows one engine per process.
 
 **Platform.** One Dijkstra zone: a core router; per node a router joined to
 it by the node's link (``inter``, split-duplex: each direction has the full
-bandwidth); per device a host joined to its node's router by the node's
-``intra`` link. A node of shared cores is one host with that many cores,
+bandwidth) and, when the cluster has one that limits, the core switch
+(``core``: every message between nodes shares it); per device a host
+joined to its node's router by the node's ``intra`` link. A node of shared cores is one host with that many cores,
 joined to the core router directly; transfers between its ranks are memory
 copies executed on its cores (they contend with compute and with server
 updates). Each link carries half its latency, so a message inside a node
@@ -131,9 +132,21 @@ class _Sim:
         link.set_latency(float(spec["latency"]) / 2)
         return link.seal()
 
-    def _attach(self, zone, a, b, link) -> None:
-        up = self.sg.LinkInRoute(link, self.sg.LinkInRoute.Direction.UP)
-        zone.add_route(a, b, None, None, [up], True)
+    def _attach(self, zone, a, b, *links) -> None:
+        up = [
+            self.sg.LinkInRoute(link, self.sg.LinkInRoute.Direction.UP)
+            for link in links
+        ]
+        zone.add_route(a, b, None, None, up, True)
+
+    def _uplink(self, zone, n: int) -> list:
+        """Node ``n``'s links up to the core router: its NIC, then the core
+        switch (when it limits). Routes are symmetrical, so a message
+        between nodes crosses the core's UP direction on the way in and its
+        DOWN on the way out: all of them share its bandwidth, whichever way
+        they go."""
+        nic = self._link(zone, f"nic{n}", self.job.inter)
+        return [nic] if self.core is None else [nic, self.core]
 
     def _build_platform(self) -> None:
         sg, job = self.sg, self.job
@@ -143,6 +156,9 @@ class _Sim:
         self.server_host: list[Any] = []
         node_hosts: list[list[Any]] = []
         node_router: list[Any] = []
+        self.core = (
+            None if job.core is None else self._link(zone, "core-switch", job.core)
+        )
         if job.server_bank:
             self._build_bank(zone, core)
         for n, node in enumerate(job.nodes):
@@ -150,14 +166,12 @@ class _Sim:
                 host = zone.create_host(f"{node['name']}", float(node["speed"]))
                 host.core_count = int(node["cores"])
                 host.seal()
-                self._attach(
-                    zone, host.netpoint, core, self._link(zone, f"nic{n}", job.inter)
-                )
+                self._attach(zone, host.netpoint, core, *self._uplink(zone, n))
                 node_hosts.append([host])
                 node_router.append(None)
             else:
                 router = zone.create_router(f"r{n}")
-                self._attach(zone, router, core, self._link(zone, f"nic{n}", job.inter))
+                self._attach(zone, router, core, *self._uplink(zone, n))
                 node_hosts.append([])
                 node_router.append(router)
         for r, w in enumerate(job.workers):
@@ -222,7 +236,8 @@ class _Sim:
             "bandwidth": count * job.inter["bandwidth"],
             "latency": job.inter["latency"],
         }
-        self._attach(zone, router, core, self._link(zone, "banknic", wide))
+        links = [self._link(zone, "banknic", wide)]
+        self._attach(zone, router, core, *links, *([self.core] if self.core else []))
         host = zone.create_host("serverbank", float(job.servers[0]["speed"]))
         host.seal()
         device = {

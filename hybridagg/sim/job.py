@@ -39,6 +39,7 @@ __all__ = [
     "SimJob",
     "bank_servers",
     "build_job",
+    "calibrated_cluster",
     "machine_cluster",
     "ring_allreduce_seconds",
 ]
@@ -84,6 +85,9 @@ class SimJob:
             cores), ``cores``, ``speed``, ``intra`` (bandwidth, latency) and
             ``memcpy_Bps`` (shared nodes: a core's copy bandwidth).
         inter: The link between a node and the core switch (bandwidth, latency).
+        core: The core switch every message between nodes crosses (bandwidth,
+            latency), its bandwidth shared by all of them in each direction;
+            ``None``: it never limits.
         workers: Per worker rank: ``node``, ``device`` (index on the node),
             ``seconds_per_sample`` (at speed 1 of its host: the amount an
             execution carries), ``batch``; its own work besides compute and
@@ -176,6 +180,7 @@ class SimJob:
     validation_pull: bool = False
     claim_ahead: int = 0
     pipelines: list[Any] = field(default_factory=list)
+    core: dict[str, float] | None = None
 
     def pipeline_of(self, group: int) -> dict[str, Any] | None:
         """``group``'s pipeline (``None``: its ranks each hold a whole replica)."""
@@ -298,6 +303,21 @@ def machine_cluster(profile: Profile, workers: int, servers: int) -> ClusterSpec
     )
 
 
+def calibrated_cluster(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
+    """``cluster`` with its links between nodes as the profile calibrated
+    them on this cluster (:class:`~.profile.NetworkFit`, by the cluster's
+    name): the fitted latency between nodes, and the fitted core bandwidth
+    (the cluster file's own ``core`` where the fit found none)."""
+    fit = profile.network_for(cluster.name)
+    if fit is None:
+        return cluster
+    inter = LinkSpec(bandwidth=cluster.inter_node.bandwidth, latency=fit.latency_s)
+    core = cluster.core
+    if fit.core_Bps > 0:
+        core = LinkSpec(bandwidth=fit.core_Bps, latency=core.latency if core else 0.0)
+    return replace(cluster, inter_node=inter, core=core)
+
+
 def _server_nodes(
     cluster: ClusterSpec, node_index: list[tuple[int, NodeType]], count: int
 ) -> list[int]:
@@ -343,6 +363,7 @@ def build_job(
             "bucket); leave it out"
         )
     _check_profiled_as(options, profile)
+    cluster = calibrated_cluster(cluster, profile)
     profiles: dict[str, Profile] = {}
     nodes: list[dict[str, Any]] = []
     node_index: list[tuple[int, NodeType]] = []
@@ -414,6 +435,11 @@ def build_job(
             "bandwidth": cluster.inter_node.bandwidth,
             "latency": cluster.inter_node.latency,
         },
+        "core": (
+            None
+            if cluster.core is None
+            else {"bandwidth": cluster.core.bandwidth, "latency": cluster.core.latency}
+        ),
         "workers": workers,
         "groups": [],
         "servers": [],

@@ -23,6 +23,9 @@ Every figure is in seconds, bytes or bytes per second:
   (calibrated) a leader's transfer to it, latency and bandwidth, and its
   measured capacity;
 * ``allreduce_by_ranks``: calibrated all-reduce fits per group size;
+* ``networks``: per cluster (by its file's name), the links between its
+  nodes as calibrated on the all-reduce across them: a message's latency
+  and the core's bandwidth that all of them share;
 * ``grad_s``, ``update_s``, ``copy_s``: a worker's own work per update
   besides compute and communication, on the profiled device: ``grad_s``,
   zeroing the gradient
@@ -59,6 +62,7 @@ __all__ = [
     "AllreduceFit",
     "LayerCost",
     "MachineInfo",
+    "NetworkFit",
     "Profile",
     "ServerFit",
     "UnitCost",
@@ -124,6 +128,29 @@ class AllreduceFit:
         return (
             2 * (ranks - 1) * (self.latency_s + nbytes / (ranks * self.bandwidth_Bps))
         )
+
+
+@dataclass(frozen=True)
+class NetworkFit:
+    """A cluster's links between nodes as hybridagg's ring all-reduce found
+    them (``bench/allreduce.py`` run across the cluster's nodes, fitted by
+    :func:`hybridagg.sim.calibrate.fit_network`): they replace the cluster
+    file's nominal figures when ``hybridagg simulate`` runs on that cluster.
+    """
+
+    cluster: str
+    """the name of the cluster file it was measured on (it applies there only)"""
+    latency_s: float
+    """one message's latency between nodes, on top of the node's own links"""
+    core_Bps: float
+    """the core's bandwidth that every message between nodes shares (0: the
+    node links delivered their nominal rate, nothing else limits)"""
+    ranks: int
+    """the ring's ranks, placed on the cluster's devices in order"""
+    crossings: int
+    """how many of the ring's links cross between nodes"""
+    points: tuple[tuple[float, float], ...] = ()
+    """the measured (bytes, seconds) it was fitted on"""
 
 
 @dataclass(frozen=True)
@@ -207,6 +234,13 @@ class Profile:
     """seconds of one copy of the whole model between its tensors and a
     flat buffer on the profiled device (a push's flattened gradient, a
     reply's weights copied into the model); 0: not measured"""
+    networks: tuple[NetworkFit, ...] = ()
+    """clusters' links between nodes, calibrated on ``bench/allreduce.py``
+    across them (one per cluster name)"""
+
+    def network_for(self, cluster: str) -> NetworkFit | None:
+        """The links calibrated on the cluster named ``cluster``, if any."""
+        return next((n for n in self.networks if n.cluster == cluster), None)
 
     def allreduce_for(self, ranks: int) -> AllreduceFit | None:
         """The all-reduce fit measured at the group size nearest ``ranks``
@@ -300,6 +334,43 @@ def _allreduce(ar: dict, where: str) -> AllreduceFit:
         ranks=ranks,
         points=_points(where, ar.get("points", [])),
     )
+
+
+def _networks(data: Any, where: str) -> tuple[NetworkFit, ...]:
+    if not isinstance(data, list):
+        raise ValueError(f"{where}networks must be a list of fits")
+    fits = []
+    for i, fit in enumerate(data):
+        fw = f"{where}networks[{i}]."
+        if not isinstance(fit, dict):
+            raise ValueError(f"{fw[:-1]} must be a mapping")
+        name = _need(fit, "cluster", fw)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{fw}cluster must be a cluster's name, got {name!r}")
+        counts = {}
+        for key, least in (("ranks", 2), ("crossings", 1)):
+            value = _need(fit, key, fw)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(
+                    f"{fw}{key} must be an integer >= {least}, got {value!r}"
+                )
+            counts[key] = value
+        fits.append(
+            NetworkFit(
+                cluster=name,
+                latency_s=_check(
+                    fw, "latency_s", _need(fit, "latency_s", fw), zero=True
+                ),
+                core_Bps=_check(fw, "core_Bps", _need(fit, "core_Bps", fw), zero=True),
+                points=_points(fw, fit.get("points", [])),
+                **counts,
+            )
+        )
+    names = [f.cluster for f in fits]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{where}networks: clusters {dup} are fitted twice")
+    return tuple(fits)
 
 
 def _section(
@@ -489,6 +560,7 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
         grad_s=_check(where, "grad_s", data.get("grad_s", 0.0), zero=True),
         update_s=_check(where, "update_s", data.get("update_s", 0.0), zero=True),
         copy_s=_check(where, "copy_s", data.get("copy_s", 0.0), zero=True),
+        networks=_networks(data.get("networks", []), where),
         notes=notes,
     )
 

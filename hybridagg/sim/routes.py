@@ -2,7 +2,8 @@
 
 The engine's platform (:mod:`.engine`) in closed form: each link carries
 half its latency, a node of shared cores is one host on its NIC, and its
-internal messages are memory copies. The analytic model and the pipelined
+internal messages are memory copies; a message between nodes also crosses
+the core switch when the cluster has one that limits. The analytic model and the pipelined
 groups' cut read the same routes.
 """
 
@@ -39,4 +40,8 @@ def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, b
             return float(node["memcpy_Bps"]), float(node["intra"]["latency"]), True
         return float(node["intra"]["bandwidth"]), float(node["intra"]["latency"]), False
     (bw_a, lat_a), (bw_b, lat_b) = up_link(job, a_node), up_link(job, b_node)
-    return min(bw_a, bw_b), lat_a + lat_b, False
+    bandwidth, latency = min(bw_a, bw_b), lat_a + lat_b
+    if job.core is not None:  # (the core switch: a lone message has it all)
+        bandwidth = min(bandwidth, float(job.core["bandwidth"]))
+        latency += float(job.core["latency"])
+    return bandwidth, latency, False
