@@ -352,16 +352,46 @@ def _size_arg(nbytes: int) -> str:
     return str(size)
 
 
-def measure(model: str, args, work: Path, sim_cluster: str | None = None) -> dict:
+NETWORK_MAX = 256 << 20
+"""The largest all-reduce measured across an emulated cluster: its links'
+rate shows at large sizes, whatever the model's."""
+
+
+def measure_network(args, work: Path) -> Path:
+    """``bench/allreduce.py`` over ``WORKERS`` ranks across the emulated
+    cluster ``args.cluster`` (4 KiB to :data:`NETWORK_MAX`), once a sitting
+    for every model (reused from ``work`` with ``--reuse``)."""
+    across = work / "allreduce-across.json"
+    if args.reuse and across.exists():
+        print(f"# reusing {across}", flush=True)
+        return across
+    start = time.perf_counter()
+    _across(
+        args.cluster,
+        [sys.executable, str(HERE.parent / "allreduce.py"), "--impls",
+         "hybridagg-flat", "--max", str(NETWORK_MAX), "--reps",
+         str(args.reps * 4), "--json", str(across)],
+        args.timeout,
+    )  # fmt: skip
+    print(f"# {across.name}: {time.perf_counter() - start:.0f} s", flush=True)
+    return across
+
+
+def measure(
+    model: str,
+    args,
+    work: Path,
+    sim_cluster: str | None = None,
+    across: Path | None = None,
+) -> dict:
     """Profile ``model`` and run the microbenchmarks (reused from ``work``
-    with ``--reuse``), then :func:`calibrate`. With ``args.cluster``, also
-    ``bench/allreduce.py`` across the emulated cluster's first hosts (its
-    links between nodes, fitted for ``sim_cluster``)."""
+    with ``--reuse``), then :func:`calibrate`; with ``across``
+    (:func:`measure_network`'s output), the links between the nodes of
+    ``sim_cluster`` are fitted on it too."""
     nbytes = hetero.model_bytes(model, args.data)
     prof = work / f"profile-{model}.json"
     ar = work / f"allreduce-{model}.json"
     ps = work / f"ps-{model}.json"
-    across = work / f"allreduce-across-{model}.json"
     hyb = str(Path(sys.executable).parent / "hybridagg")
     steps = [
         (
@@ -389,19 +419,6 @@ def measure(model: str, args, work: Path, sim_cluster: str | None = None) -> dic
             lambda: _run_ps(nbytes, args, ps),
         ),
     ]  # fmt: skip
-    if args.cluster:
-        steps.append(
-            (
-                across,
-                lambda: _across(
-                    args.cluster,
-                    [sys.executable, str(HERE.parent / "allreduce.py"), "--impls",
-                     "hybridagg-flat", "--max", _size_arg(nbytes), "--reps",
-                     str(args.reps * 4), "--json", str(across)],
-                    args.timeout,
-                ),
-            )
-        )  # fmt: skip
     for path, run in steps:
         if args.reuse and path.exists():
             print(f"# reusing {path}", flush=True)
@@ -409,7 +426,7 @@ def measure(model: str, args, work: Path, sim_cluster: str | None = None) -> dic
         start = time.perf_counter()
         run()
         print(f"# {path.name}: {time.perf_counter() - start:.0f} s", flush=True)
-    network = (across, Path(sim_cluster)) if args.cluster and sim_cluster else None
+    network = (across, Path(sim_cluster)) if across and sim_cluster else None
     rec = calibrate(prof, ar, ps, work / f"calibrated-{model}.json", network)
     rec.update({"model": model, "allreduce_json": str(ar), "ps_json": str(ps)})
     return rec
@@ -566,8 +583,9 @@ def run(args) -> dict:
         work.mkdir(parents=True, exist_ok=True)
         models = list(dict.fromkeys(CELLS[c][0] for c in args.cells))
         profiles = {}
+        across = measure_network(args, work) if args.cluster else None
         for model in models:
-            rec = measure(model, args, work, sim_cluster)
+            rec = measure(model, args, work, sim_cluster, across)
             out["calibration"].append(rec)
             profiles[model] = rec["profile"]
             print(f"# {model}: {rec['how']}", flush=True)

@@ -608,12 +608,14 @@ def _end_if_peer_failed(exc: BaseException, program: str = "hybridagg train") ->
 _COMMANDS["train"] = _cmd_train
 
 
-def _train_samples(path: str) -> int:
-    """The training split's size of a data file (for ``--epochs``)."""
+def _train_split(path: str) -> tuple[int, int]:
+    """The training split's size and rows per block of a data file (for
+    ``--epochs``: an epoch's samples, and the chunks workers draw them in)."""
     from .data.format import inspect_split, open_file
 
     with open_file(path) as f:
-        return inspect_split(f, "train", path=path).length
+        info = inspect_split(f, "train", path=path)
+        return info.length, info.block_samples
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -640,10 +642,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 cluster = plan_cluster(plan, cluster, profile, cfg.plan)
             elif cfg.ranks is not None:
                 cluster = cluster.scaled(cfg.ranks - servers)
-        samples = cfg.samples
+        samples, block = cfg.samples, None
         if samples is None and cfg.data is not None:
-            samples = _train_samples(cfg.data)
-        job = build_job(cfg, cluster, profile, samples=samples)
+            samples, block = _train_split(cfg.data)
+        job = build_job(cfg, cluster, profile, samples=samples, block_samples=block)
         if plan is not None and cfg.cluster is not None:
             # as hybridagg-run --plan --cluster: the groups and the servers'
             # placement assume the plan's ranks-to-nodes order (a hand-edited

@@ -172,6 +172,54 @@ def test_simulate_options_are_the_cells_own(simcheck, tmp_path):
     assert argv[argv.index("--slowdown") + 1] == "0-1:1,2-3:4@0;0-1:4,2-3:1@3"
 
 
+def test_a_sitting_on_a_cluster_fits_its_links_on_the_allreduce_across_it(
+    simcheck, tmp_path, monkeypatch
+):
+    import argparse
+
+    from test_sim import PROFILE
+    from test_sim_network import ring_records
+
+    from hybridagg.sim import load_profile, save_profile
+
+    emulated = str(BENCH / "clusters" / "four-workers-10g.toml")
+    sim = simcheck.SIM_CLUSTERS["four-workers-10g.toml"]
+    launched = []
+
+    def across(cluster, cmd, timeout):  # the ring measured across, 0.6 GB/s a link
+        launched.append((cluster, cmd))
+        out = Path(cmd[cmd.index("--json") + 1])
+        out.write_text(json.dumps(ring_records(4, 4e-4, 6e8)))
+
+    monkeypatch.setattr(simcheck, "_across", across)
+    args = argparse.Namespace(cluster=emulated, reuse=False, reps=5, timeout=60)
+    path = simcheck.measure_network(args, tmp_path)
+    ((cluster, cmd),) = launched
+    assert cluster == emulated and "allreduce.py" in cmd[1]
+    assert cmd[cmd.index("--max") + 1] == str(256 << 20)  # whatever the model
+    # the microbenchmarks on shared memory, as a sitting left them (--reuse)
+    save_profile(PROFILE, tmp_path / "profile-mlp.json")
+    (tmp_path / "allreduce-mlp.json").write_text(
+        json.dumps([{**r, "median_us": r["median_us"] / 4} for r in ring_records(
+            4, 1e-5, 3e9)])
+    )  # fmt: skip
+    (tmp_path / "ps-mlp.json").write_text(
+        json.dumps([{"impl": "hybridagg-ps", "servers": 1, "bytes": 4096,
+                     "median_us": 50.0, "update_us": 20.0}])
+    )  # fmt: skip
+    args = argparse.Namespace(cluster=emulated, reuse=True, data="d.h5", reps=5)
+    monkeypatch.setattr(simcheck.hetero, "model_bytes", lambda model, data: 4096)
+    rec = simcheck.measure("mlp", args, tmp_path, str(sim), path)
+    assert len(launched) == 1  # (the network is measured once a sitting)
+    (net,) = load_profile(rec["profile"]).networks
+    assert net.cluster == "four-workers-10g"
+    assert net.core_Bps == pytest.approx(1.2e9) and net.latency_s == pytest.approx(4e-4)
+    assert rec["network_json"] == str(path) and rec["sim_cluster"] == str(sim)
+    # --recalibrate fits the sitting's files again, the network's included
+    (again,) = simcheck.recalibrate([{**rec, "model": "mlp"}])
+    assert again["content"]["networks"] == rec["content"]["networks"]
+
+
 def test_the_simulators_cluster_must_describe_the_emulated_one(simcheck, tmp_path):
     emulated = BENCH / "clusters" / "four-workers-10g.toml"
     simcheck.check_cluster_match(emulated, simcheck.SIM_CLUSTERS[emulated.name], 4)

@@ -23,7 +23,12 @@ from hybridagg.sim import (
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.job import BANK_MIN_FLOWS, LOADER_CLAIM_AHEAD, bank_servers
+from hybridagg.sim.job import (
+    BANK_MIN_FLOWS,
+    LOADER_CLAIM_AHEAD,
+    LOADER_WINDOWS_AHEAD,
+    bank_servers,
+)
 from hybridagg.sim.profile import (
     AllreduceFit,
     LayerCost,
@@ -786,10 +791,12 @@ def test_profile_with_data_times_the_runs_own_validation(tmp_path):
 # ------------------------------------------------------- dynamic shares' end
 @needs_simgrid
 def test_a_slow_workers_claimed_batches_make_the_end_of_an_async_run():
-    # 20 batches in the pool; rank 1 is 100x slower (3.2 s a batch). Its
-    # loader claims 1 + claim_ahead batches as it starts, and the run ends
-    # only when it has computed them: 6 x 3.2 s, although the fast worker
-    # could have trained every sample within a second
+    # 20 batches in the epoch; rank 1 is 100x slower (3.2 s a batch). Its
+    # loader draws a chunk (here a batch) for the batch it computes, the
+    # claim_ahead it cuts ahead and the windows_ahead it draws beyond them as
+    # it starts, and the run ends only when it has computed them: 9 x 3.2 s,
+    # although the fast worker could have trained every sample within a
+    # second
     profile = replace(
         TINY, server=ServerFit(seconds_per_update=1e-5, seconds_per_byte=0)
     )
@@ -797,27 +804,40 @@ def test_a_slow_workers_claimed_batches_make_the_end_of_an_async_run():
                    slowdown="1:100")  # fmt: skip
     job = build_job(opts, gpus(2, 1e12, 0.0), profile, samples=640)
     assert job.claim_ahead == LOADER_CLAIM_AHEAD == 5
+    assert job.windows_ahead == LOADER_WINDOWS_AHEAD == 3
+    assert (job.epoch_samples, job.chunk_samples) == (640, 0)  # (no data file)
     slow_step = 32 * 0.1
     claimed = simulate(job)
     assert claimed.samples == 640
-    assert claimed.time_s == pytest.approx(6 * slow_step, rel=0.01)
+    assert claimed.time_s == pytest.approx(9 * slow_step, rel=0.01)
     # without read-ahead the slow worker holds one batch
-    eager = simulate(replace(job, claim_ahead=0))
+    eager = simulate(replace(job, claim_ahead=0, windows_ahead=0))
     assert eager.samples == 640
     assert eager.time_s == pytest.approx(slow_step, rel=0.01)
+    # chunks of 4 batches (an epoch of 20): rank 0 starts first and draws 5
+    # (1 + 3 ahead, and a fifth as it cuts 6 batches from 2 of them); rank 1
+    # then the next 5, and its 20 batches are the run
+    big = build_job(opts, gpus(2, 1e12, 0.0), profile, samples=2560)
+    chunky = simulate(replace(big, chunk_samples=128))
+    assert chunky.samples == 2560
+    assert chunky.time_s == pytest.approx(20 * slow_step, rel=0.01)
     # the analytic model: half a step in progress, on average, plus the claims
     model = estimate(job).samples_per_sec
     assert model == pytest.approx(claimed.samples_per_sec, rel=0.1)
-    assert estimate(replace(job, claim_ahead=0)).samples_per_sec > 5 * model
+    eager_model = estimate(replace(job, claim_ahead=0, windows_ahead=0))
+    assert eager_model.samples_per_sec > 5 * model
 
 
 def test_claim_ahead_is_the_training_loaders_read_ahead_and_sync_has_none():
     import inspect
 
-    from hybridagg.data import HDF5Loader
+    from hybridagg.data import HDF5Loader, pipeline
 
     prefetch = inspect.signature(HDF5Loader).parameters["prefetch"].default
     assert prefetch + 1 == LOADER_CLAIM_AHEAD
+    # the window reader's queued windows, and the one drawn waiting for a buffer
+    depth = inspect.signature(pipeline._read_ahead).parameters["depth"].default
+    assert depth + 1 == LOADER_WINDOWS_AHEAD
     sync = build_job(options(steps=None, epochs=1), gpus(2), PROFILE, samples=640)
     assert sync.claim_ahead == 0
     hybrid = build_job(

@@ -278,6 +278,22 @@ def test_profile_is_calibrated_on_the_microbenchmarks_it_is_given(tmp_path, caps
     code = main([*base, "--out", str(fitted), "--calibrate-ps", "nowhere.json"])
     assert code == 2
     assert "--calibrate-ps: nowhere.json is not a file" in capsys.readouterr().err
+    # the all-reduce measured across the emulated cluster, with its file
+    across = str(bench / "cluster10g-allreduce-4.json")
+    cluster = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+    code = main(
+        [*base, "--out", str(fitted), "--calibrate-network", across,
+         "--network-cluster", str(cluster / "four-workers-10g.yaml")]
+    )  # fmt: skip
+    assert code == 0
+    (net,) = load_profile(fitted).networks
+    assert (net.cluster, net.ranks, net.crossings) == ("four-workers-10g", 4, 2)
+    assert 0 < net.core_Bps < 2 * 1.25e9  # the links gave less than 10 Gbit/s
+    code = main([*base, "--out", str(fitted), "--calibrate-network", across])
+    assert code == 2
+    assert "--calibrate-network and --network-cluster go together" in (
+        capsys.readouterr().err
+    )
 
 
 def test_profile_refuses_a_bad_model_and_a_missing_folder(tmp_path, capsys):

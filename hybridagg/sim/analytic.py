@@ -65,10 +65,10 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
 
 * **the end of a hybrid or async run** of ``target_samples`` (dynamic
   shares, ``SimJob.claim_ahead``): when the last samples are claimed every
-  group holds ``claim_ahead`` batches and half the one it computes; the
-  samples before then go at the steady rate, and the run ends when the
-  slowest group has computed what it holds
-  (``claim_ahead + 1/2`` of its cycles).
+  group holds ``claim_ahead`` batches, the chunks its loader drew ahead
+  (``windows_ahead``) and half the one it computes; the samples before then
+  go at the steady rate, and the run ends when the slowest group has
+  computed what it holds. (The simulator also draws each epoch apart.)
 
 Not modelled (the simulator's business): contention between groups on a
 shared link, between hierarchical stages on a leader's link, ``--overlap``,
@@ -519,8 +519,10 @@ def estimate(job: SimJob) -> Estimate:
 def _with_tail(job: SimJob, est: Estimate) -> Estimate:
     """The end of a hybrid or async run of ``target_samples`` (see the
     module): once the pool of samples is claimed, every group still holds
-    ``claim_ahead`` batches and half the one it computes, and the run ends
-    when the slowest has computed them."""
+    ``claim_ahead`` batches, its ``windows_ahead`` chunks drawn ahead and
+    half the one it computes, and the run ends when the slowest has
+    computed them (the epochs' boundaries, where a slow worker's draws are
+    fewer, are the simulator's)."""
     if (
         job.mode == "sync"
         or not job.target_samples
@@ -528,7 +530,9 @@ def _with_tail(job: SimJob, est: Estimate) -> Estimate:
         or est.samples_per_sec <= 0
     ):
         return est
-    left = job.claim_ahead + 0.5  # steps each group has to go
+    batch = sum(w["batch"] for w in job.workers) / len(job.workers)
+    windows = job.windows_ahead * (job.chunk_samples or batch) / batch
+    left = job.claim_ahead + windows + 0.5  # steps each group has to go
     held = left * sum(w["batch"] for w in job.workers)
     claimed = max(0.0, job.target_samples - held) / est.samples_per_sec
     end = claimed + left * max(est.group_cycle_s)

@@ -339,13 +339,13 @@ def calibrate(
         ValueError: A missing or bad file, naming it; a network without its
             cluster.
     """
-    if allreduce_json is None and ps_json is None and network_json is None:
-        raise ValueError("calibrate needs allreduce_json, ps_json or network_json")
     if (network_json is None) != (network_cluster is None):
         raise ValueError(
             "calibrate: network_json and network_cluster go together (the "
             "all-reduce across a cluster, and that cluster's file)"
         )
+    if allreduce_json is None and ps_json is None and network_json is None:
+        raise ValueError("calibrate needs allreduce_json, ps_json or network_json")
     notes = dict(profile.notes)
     sources = list(notes.get("calibrated_from", []))
     if allreduce_json is not None:

@@ -69,11 +69,14 @@ copies around it, :data:`PULL_COPIES`): a run's wall
 time, and so its samples per second, includes it; in sync every rank
 waits for it at the next reduction, in hybrid its group at the next barrier.
 Hybrid and async runs of a number of samples (``--epochs``) draw them as a
-run's dynamic shares do: a batch at a time from one pool, each worker
-holding ``SimJob.claim_ahead`` batches claimed beyond the one it computes
-(its loader's read-ahead); a group whose step finds nothing left ends, and
-the run ends when the last claimed batch is pushed, so a slow worker's
-claims are the run's tail.
+run's dynamic shares do (:mod:`.loader`): chunks of an epoch from one
+counter that runs on across epochs, each worker's loader holding
+``SimJob.claim_ahead`` batches cut beyond the one it computes and
+``windows_ahead`` chunks drawn beyond the one it cuts; an update of a group
+that carries no samples ends the group's epoch, and its last epoch its
+training; the run ends when the last drawn batch is pushed, so a slow
+worker's draws are the run's tail. (A job without ``epoch_samples`` draws
+one pool a batch at a time.)
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from typing import Any
 from ..ps.staleness import GroupBook, HeldReply
 from ._simgrid import load
 from .job import PULL_COPIES, SimJob
+from .loader import Chunks, WorkerLoader
 
 __all__ = ["main", "run"]
 
@@ -112,6 +116,7 @@ class _State:
     samples: int = 0
     staleness: list[int] = field(default_factory=list)
     unclaimed: int = 0  # dynamic shares: the run's samples no worker has claimed
+    chunks: Chunks | None = None  # dynamic shares by epoch: the chunk counter
     group_times: dict[int, list[float]] = field(default_factory=dict)
 
 
@@ -121,6 +126,11 @@ class _Sim:
         self.sg = sg = load()
         self.engine = sg.Engine(["hybridagg-simulate", *SIMGRID_CONFIG])
         self.state = _State(unclaimed=int(job.target_samples or 0))
+        if job.epoch_samples and job.target_samples and job.mode != "sync":
+            chunk = job.chunk_samples or int(job.workers[0]["batch"])
+            self.state.chunks = Chunks(
+                job.target_samples // job.epoch_samples, job.epoch_samples, chunk
+            )
         self._latency: dict[tuple[int, int], float] = {}
         self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
         self._eval_bucket = 0  # rank 0's last validation, as eval_every buckets
@@ -360,12 +370,13 @@ class _Sim:
         )  # fmt: skip
         pool = job.mode != "sync" and job.target_samples is not None
         held: list[int] = []  # dynamic shares: batches claimed, not yet computed
+        loader = self._loader(batch)
         while True:
             if leader:  # the weights this step's gradient is computed on
                 shared["computed_on"] = shared["weights"]
             mine = batch
             if pool:
-                mine = self._claim(held, batch)
+                mine = loader.next_batch() if loader else self._claim(held, batch)
                 shared["samples_of"][position] = mine  # summed after the barrier
             # the gradient zeroed (and, after the reduction, checked)
             self._execute(job.workers[rank]["grad_s"])
@@ -399,9 +410,14 @@ class _Sim:
             # rewrites them before the next step's: the barriers between)
             group_samples = sum(shared["samples_of"]) if pool else None
             if group_samples == 0:
-                # an update that carries no samples ends a group's training
-                # (the run's rule): every member's claims are done
-                return
+                # an update that carries no samples ends the group's epoch
+                # (the run's rule: every member has read its share), and
+                # with one pool its training; every member sees it alike
+                if loader is None or loader.next_epoch():
+                    return
+                if n > 1:  # every member has summed before any draws again
+                    barrier.wait()
+                continue
             if leader:
                 shared["bcast"] = self._leader_step(group, ranks, group_samples)
                 shared["stop"] = st.stopped  # read by all after the barrier
@@ -445,16 +461,25 @@ class _Sim:
         batch = int(job.workers[ranks[0]]["batch"])
         pool = job.target_samples is not None
         held: list[int] = []
+        loader = self._loader(batch) if leader else None
         while True:
             if leader:
                 shared["computed_on"] = shared["weights"]
                 # the first stage's loader claims, as a worker's does
-                mine = self._claim(held, batch) if pool else batch
+                mine = batch
+                if pool:
+                    mine = loader.next_batch() if loader else self._claim(held, batch)
                 shared["samples_of"][0] = mine
+                # an update with no samples ends the group's epoch (and with
+                # one pool, or after the last epoch, its training)
+                shared["over"] = mine == 0 and (loader is None or loader.next_epoch())
             barrier.wait()
             mine = shared["samples_of"][0]
-            if mine == 0:  # an update with no samples ends the group
+            if shared["over"]:
                 return
+            if mine == 0:
+                barrier.wait()  # every stage has read it before the next draw
+                continue
             seconds = job.pipeline_step_seconds(group)
             self.sg.this_actor.sleep_for(seconds * mine / batch)
             # every stage pushes its part at once (the run's stage clients);
@@ -474,6 +499,16 @@ class _Sim:
                 return
             if rank == 0:
                 self._validate(host)
+
+    def _loader(self, batch: int) -> WorkerLoader | None:
+        """A worker's loader drawing its epoch's chunks (``None``: one pool,
+        a batch at a time, :meth:`_claim`; or no dynamic shares)."""
+        if self.state.chunks is None:
+            return None
+        job = self.job
+        return WorkerLoader(
+            self.state.chunks, batch, job.claim_ahead, job.windows_ahead
+        )
 
     def _claim(self, held: list[int], batch: int) -> int:
         """The samples of the next step under dynamic shares: the loader

@@ -26,6 +26,7 @@ from ..batching import proportional_batches
 from ..modes import check_mode
 from ..slowdown import parse_slowdown
 from ..topology import RankInfo, plan
+from ..windows import window_samples_for
 from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement
 from .pipelines import pipeline_groups, pipeline_spec, pipeline_step_seconds
 from .profile import Profile, load_profile
@@ -34,6 +35,7 @@ from .routes import link_between
 __all__ = [
     "BANK_MIN_FLOWS",
     "LOADER_CLAIM_AHEAD",
+    "LOADER_WINDOWS_AHEAD",
     "PULL_COPIES",
     "JobOptions",
     "SimJob",
@@ -151,6 +153,16 @@ class SimJob:
             beyond the one it computes (its read-ahead); the run ends when
             every claimed batch is computed and pushed, so a slow worker's
             claims make the end's tail.
+        windows_ahead: With ``epoch_samples``: chunks a worker's loader
+            draws beyond the one it cuts batches from (its window reader's
+            read-ahead); ``claim_ahead`` is then the batches it has cut
+            beyond the one it computes (:class:`~.loader.WorkerLoader`).
+        chunk_samples: Samples of a chunk a worker draws (a loader window;
+            0: the run's batch size).
+        epoch_samples: Samples of an epoch: each epoch's chunks are drawn
+            apart, a group beginning the next epoch once an update of its
+            carried no samples (0: one pool of ``target_samples``, drawn a
+            batch at a time).
     """
 
     mode: str
@@ -179,6 +191,9 @@ class SimJob:
     validation_s: float = 0.0
     validation_pull: bool = False
     claim_ahead: int = 0
+    windows_ahead: int = 0
+    chunk_samples: int = 0
+    epoch_samples: int = 0
     pipelines: list[Any] = field(default_factory=list)
     core: dict[str, float] | None = None
 
@@ -339,6 +354,7 @@ def build_job(
     profile: Profile,
     *,
     samples: int | None = None,
+    block_samples: int | None = None,
 ) -> SimJob:
     """Resolve the options against ``cluster`` and ``profile`` (see the module).
 
@@ -347,6 +363,9 @@ def build_job(
         cluster: Every device is a worker; servers are placed as it says.
         profile: The model's profile (node types may carry their own).
         samples: The data's training samples (needed with ``epochs``).
+        block_samples: The data file's rows per block: hybrid and async
+            workers draw an epoch in windows of blocks, sized as a run sizes
+            them (``None``: a batch a draw).
 
     Raises:
         ValueError: Options that do not fit the cluster, naming what.
@@ -514,6 +533,13 @@ def build_job(
                 "--epochs needs the data's size: give --data FILE.h5 or --samples N"
             )
         job_args["target_samples"] = int(options.epochs) * int(samples)
+        if options.mode != "sync":  # each epoch's chunks, drawn as the loader does
+            job_args["epoch_samples"] = int(samples)
+            job_args["windows_ahead"] = LOADER_WINDOWS_AHEAD
+            if block_samples:
+                job_args["chunk_samples"] = window_samples_for(
+                    int(samples), int(block_samples), num_workers
+                )
     elif options.steps is None:
         raise ValueError("give --steps N (or --epochs with --data or --samples)")
     return SimJob(**job_args)
@@ -617,9 +643,15 @@ def _pipelines(
 
 
 LOADER_CLAIM_AHEAD = 5
-"""Batches a hybrid or async worker holds claimed beyond the one it computes:
-the training loader's read-ahead (``HDF5Loader``'s ``prefetch`` of 4 in its
-queue, and the one its reader thread holds while the queue is full)."""
+"""Batches a hybrid or async worker's loader has cut beyond the one it
+computes: its read-ahead (``HDF5Loader``'s ``prefetch`` of 4 in its queue,
+and the one its reader thread holds while the queue is full)."""
+
+LOADER_WINDOWS_AHEAD = 3
+"""Chunks (windows) a worker's loader has drawn beyond the one it cuts
+batches from: its window reader's two queued windows and the one it has
+drawn and waits to read into a free buffer
+(:func:`hybridagg.data.pipeline._read_ahead`)."""
 
 #: From this many pushes in a round (groups x servers) on, interchangeable
 #: servers are simulated as a bank.

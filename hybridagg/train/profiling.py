@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..sim.calibrate import calibrate
+from ..sim.cluster import load_cluster
 from ..sim.profile import AllreduceFit, Profile, save_profile
 from .config.simulation import PlanConfig, ProfileConfig
 from .models import build_model, check_fits
@@ -118,7 +119,9 @@ def profile_here(cfg: ProfileConfig, local_rank: int = 0) -> Profile:
         data=cfg.data,
         loss=cfg.loss,
     )
-    inputs = cfg.calibration()
+    inputs: dict = dict(cfg.calibration())
+    if cfg.network_cluster is not None:
+        inputs["network_cluster"] = load_cluster(cfg.network_cluster)
     # fitted on the microbenchmarks only (never on training runs): the
     # simulator is then validated on training runs it was not fitted to
     return calibrate(profile, **inputs) if inputs else profile

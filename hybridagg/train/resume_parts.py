@@ -36,20 +36,7 @@ __all__ = [
     "ResumedWorker",
     "resumed_server",
     "resumed_worker",
-    "window_blocks_for",
 ]
-
-
-def window_blocks_for(length: int, block_samples: int, workers: int) -> int:
-    """Blocks per loader window for a fresh run of ``workers`` workers.
-
-    Windows (the shuffle buffer and the dynamic chunk) of up to 8 blocks,
-    but at least 8 windows per worker and epoch so that shares can balance.
-    A resumed run keeps its checkpoint's value instead: the epoch's sample
-    order, which saved positions refer to, depends on it.
-    """
-    blocks = -(-length // block_samples)
-    return max(1, min(8, blocks // (8 * workers)))
 
 
 @dataclass

@@ -138,16 +138,38 @@ class ProfileOptions(Concern):
     """bench/ps.py --json outputs (comma-separated): a server's update and a
     leader's transfer to it are fitted on them"""
 
+    calibrate_network: str | None = None
+    """bench/allreduce.py --json outputs measured across a cluster's nodes
+    (hybridagg-run --cluster, or mpiexec over its hosts; comma-separated):
+    the latency between its nodes and the bandwidth its core switch shares
+    are fitted on them, for --network-cluster"""
+
+    network_cluster: str | None = None
+    """the cluster file describing where --calibrate-network ran (its ranks
+    on the file's devices in order); hybridagg simulate --cluster with a
+    file of the same name then uses the fit"""
+
     def _check(self) -> None:
         if self.data is None and (self.sample_shape is None or self.classes is None):
             raise ValueError("give --data FILE.h5, or --sample-shape and --classes")
         for flag, files in (
             ("--calibrate-allreduce", self.calibrate_allreduce),
             ("--calibrate-ps", self.calibrate_ps),
+            ("--calibrate-network", self.calibrate_network),
         ):
             for name in calibration_files(files):
                 if not Path(name).is_file():
                     raise ValueError(f"{flag}: {name} is not a file")
+        if (self.calibrate_network is None) != (self.network_cluster is None):
+            raise ValueError(
+                "--calibrate-network and --network-cluster go together (the "
+                "all-reduce across a cluster, and that cluster's file)"
+            )
+        if (
+            self.network_cluster is not None
+            and not Path(self.network_cluster).is_file()
+        ):
+            raise ValueError(f"--network-cluster: {self.network_cluster} is not a file")
         if self.sample_shape is not None:
             self.parsed_shape()
         check_device_spec(self.device)  # the spelling; whether CUDA is there, later
@@ -159,10 +181,12 @@ class ProfileOptions(Concern):
 
     def calibration(self) -> dict[str, list[str]]:
         """The calibration's inputs as ``hybridagg.sim.calibrate``'s keywords
-        (empty: the profile is not calibrated)."""
+        (empty: the profile is not calibrated); ``network_json`` goes with
+        the cluster file :attr:`network_cluster` names, loaded by the caller."""
         given = {
             "allreduce_json": calibration_files(self.calibrate_allreduce),
             "ps_json": calibration_files(self.calibrate_ps),
+            "network_json": calibration_files(self.calibrate_network),
         }
         return {k: v for k, v in given.items() if v}
 

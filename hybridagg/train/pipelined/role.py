@@ -34,6 +34,7 @@ from ...pipeline.probe import neighbour_links
 from ...ps.client import part_elements
 from ...ps.protocol import FLAG_STOP
 from ...topology import Topology
+from ...windows import window_blocks_for
 from ..checkpoint import Checkpointer
 from ..common import make_optimizer
 from ..config import TrainConfig
@@ -44,7 +45,6 @@ from ..losses import check_task, loss_function
 from ..metrics import MetricsWriter, merge_parts
 from ..models import build_model, check_fits
 from ..resume import RunStart
-from ..resume_parts import window_blocks_for
 from ..usage import machine_usage
 from ..worker.epochs import Epochs
 from ..worker.report import publish, summarize

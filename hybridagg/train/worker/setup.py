@@ -14,6 +14,7 @@ from ...data.loader import load_split_info
 from ...optimizer import DistributedOptimizer
 from ...runtime import envvars
 from ...topology import Topology
+from ...windows import window_blocks_for
 from ..adaptive import server_batching
 from ..board import check_available
 from ..common import compensation_of, make_optimizer, seed_rng, set_rng_state
@@ -24,7 +25,6 @@ from ..losses import check_task
 from ..models import build_model, check_fits, resolve_device
 from ..precision import Precision
 from ..resume import Resumed
-from ..resume_parts import window_blocks_for
 
 __all__ = [
     "Local",
