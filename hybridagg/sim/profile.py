@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,14 +337,20 @@ def _allreduce(ar: dict, where: str) -> AllreduceFit:
     )
 
 
-def _networks(data: Any, where: str) -> tuple[NetworkFit, ...]:
+def _entries(data: Any, name: str, where: str, what: str) -> Iterator[tuple[str, dict]]:
+    """Each mapping of the list ``data`` (the file's ``name``), with where it is."""
     if not isinstance(data, list):
-        raise ValueError(f"{where}networks must be a list of fits")
+        raise ValueError(f"{where}{name} must be a list of {what}")
+    for i, item in enumerate(data):
+        at = f"{where}{name}[{i}]."
+        if not isinstance(item, dict):
+            raise ValueError(f"{at[:-1]} must be a mapping")
+        yield at, item
+
+
+def _networks(data: Any, where: str) -> tuple[NetworkFit, ...]:
     fits = []
-    for i, fit in enumerate(data):
-        fw = f"{where}networks[{i}]."
-        if not isinstance(fit, dict):
-            raise ValueError(f"{fw[:-1]} must be a mapping")
+    for fw, fit in _entries(data, "networks", where, "fits"):
         name = _need(fit, "cluster", fw)
         if not isinstance(name, str) or not name:
             raise ValueError(f"{fw}cluster must be a cluster's name, got {name!r}")
@@ -473,14 +480,10 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
     ar = _section(data, "allreduce", where, optional=True)
     allreduce = None if ar is None else _allreduce(ar, f"{where}allreduce.")
     by_ranks = data.get("allreduce_by_ranks", [])
-    if not isinstance(by_ranks, list):
-        raise ValueError(f"{where}allreduce_by_ranks must be a list of fits")
-    fits = []
-    for i, fit in enumerate(by_ranks):
-        fw = f"{where}allreduce_by_ranks[{i}]."
-        if not isinstance(fit, dict):
-            raise ValueError(f"{fw[:-1]} must be a mapping")
-        fits.append(_allreduce(fit, fw))
+    fits = [
+        _allreduce(fit, fw)
+        for fw, fit in _entries(by_ranks, "allreduce_by_ranks", where, "fits")
+    ]
     layers = []
     for i, layer in enumerate(data.get("layers", [])):
         lw = f"{where}layers[{i}]."
@@ -567,13 +570,8 @@ def profile_from_dict(data: Any, source: str = "") -> Profile:
 
 def _units(data: Any, where: str, parameters: int) -> tuple[UnitCost, ...]:
     """The ``units`` list, checked (their parameters must add up to the model's)."""
-    if not isinstance(data, list):
-        raise ValueError(f"{where}units must be a list of units")
     units = []
-    for i, unit in enumerate(data):
-        uw = f"{where}units[{i}]."
-        if not isinstance(unit, dict):
-            raise ValueError(f"{uw[:-1]} must be a mapping")
+    for uw, unit in _entries(data, "units", where, "units"):
         count = _need(unit, "parameters", uw)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"{uw}parameters must be an integer >= 0, got {count!r}")
