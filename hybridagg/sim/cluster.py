@@ -20,10 +20,10 @@ for them) and the node's ``intra_node`` link is a memory copy that costs
 core time at its bandwidth. ``intra_node`` may be set per node type.
 Every message between nodes crosses the node's ``inter_node`` link at both
 ends and, when ``links.core`` is given, the core switch, whose bandwidth all
-such messages share. Servers run on nodes of ``servers.node_types``, at most ``per_node`` on a
-node, taken from the last such node backwards; a server on a node of
-devices gets a core of its own (``server_speed`` times the profiled
-server), on a node of shared cores it shares them.
+such messages share. Servers run on nodes of ``servers.node_types``, at
+most ``per_node`` on a node, taken from the last such node backwards; a
+server on a node of devices gets a core of its own (``server_speed`` times
+the profiled server), on a node of shared cores it shares them.
 
 Ranks are numbered as the file lists the devices: node types in order, each
 type's nodes in order, each node's devices in order; the servers follow the

@@ -8,11 +8,12 @@ allows one engine per process.
 it by the node's link (``inter``, split-duplex: each direction has the full
 bandwidth) and, when the cluster has one that limits, the core switch
 (``core``: every message between nodes shares it); per device a host
-joined to its node's router by the node's ``intra`` link. A node of shared cores is one host with that many cores,
-joined to the core router directly; transfers between its ranks are memory
-copies executed on its cores (they contend with compute and with server
-updates). Each link carries half its latency, so a message inside a node
-pays the ``intra`` latency and one between nodes pays ``intra + inter``.
+joined to its node's router by the node's ``intra`` link. A node of shared
+cores is one host with that many cores, joined to the core router
+directly; transfers between its ranks are memory copies executed on its
+cores (they contend with compute and with server updates). Each link
+carries half its latency, so a message inside a node pays the ``intra``
+latency and one between nodes pays ``intra + inter`` (and the core's).
 Network model ``CM02`` without cross-traffic: a lone transfer of ``B`` bytes
 over a route takes exactly ``latency + B / bandwidth``, and concurrent
 transfers share links max-min fairly.
@@ -246,8 +247,8 @@ class _Sim:
             "bandwidth": count * job.inter["bandwidth"],
             "latency": job.inter["latency"],
         }
-        links = [self._link(zone, "banknic", wide)]
-        self._attach(zone, router, core, *links, *([self.core] if self.core else []))
+        nic = self._link(zone, "banknic", wide)
+        self._attach(zone, router, core, nic, *([self.core] if self.core else []))
         host = zone.create_host("serverbank", float(job.servers[0]["speed"]))
         host.seal()
         device = {
