@@ -103,7 +103,8 @@ def test_a_ring_across_nodes_shares_the_core_switch(core):
 @needs_simgrid
 def test_pushes_across_the_core_switch_are_held_to_its_bandwidth():
     # one async worker on its own node pushes the gradient to a server on
-    # another: the push and the reply each cross the core alone
+    # another in one message each way (in parts: tests/test_sim_exchange.py):
+    # the push and the reply each cross the core alone
     cluster = ClusterSpec(
         name="t",
         node_types=(
@@ -115,13 +116,21 @@ def test_pushes_across_the_core_switch_are_held_to_its_bandwidth():
         servers=ServerPlacement(("s",), 1),
         core=LinkSpec(4e8, 0.0),
     )
-    job = build_job(options(mode="async", servers=1, steps=3), cluster, PROFILE)
+    whole = dict(part_bytes=0)
+    job = replace(
+        build_job(options(mode="async", servers=1, steps=3), cluster, PROFILE), **whole
+    )
     # (the run's time ends with the third update, before its reply)
     server = 0.004 + 1e8 * 2e-10
     step = 32 * 0.003 + 2 * 1e8 / 4e8 + server
     assert simulate(job).time_s == pytest.approx(3 * step - 1e8 / 4e8, rel=1e-6)
-    free = build_job(
-        options(mode="async", servers=1, steps=3), replace(cluster, core=None), PROFILE
+    free = replace(
+        build_job(
+            options(mode="async", servers=1, steps=3),
+            replace(cluster, core=None),
+            PROFILE,
+        ),
+        **whole,
     )
     step = 32 * 0.003 + 2 * 1e8 / 1e9 + server
     assert simulate(free).time_s == pytest.approx(3 * step - 1e8 / 1e9, rel=1e-6)

@@ -409,8 +409,12 @@ def _exchange_seconds(
     for the updates before it, M/D/1's mean), ``busy`` being the share of
     time the link or the server is in use.
     """
+    # (a pipelined group's stages exchange their parts whole)
+    parts = 1 if _pipeline(job, group) else job.exchange_parts()
     return max(
-        _push_seconds(job, node, nbytes, update, link, link_busy, cpu_busy, nic_busy)
+        _push_seconds(
+            job, node, nbytes, update, link, link_busy, cpu_busy, nic_busy, parts
+        )
         for node, nbytes in _senders(job, group)
     )
 
@@ -443,9 +447,17 @@ def _push_seconds(
     link_busy: list[float],
     cpu_busy: list[float],
     nic_busy: float,
+    parts: int = 1,
 ) -> float:
     """One sender's exchange (see :func:`_exchange_seconds`) of ``nbytes``
-    from node ``leader``."""
+    from node ``leader``; in ``parts`` to a server it reaches by a flow.
+
+    In parts, push, update and reply are a pipeline of three stages over
+    them: the first part goes through all three, then each later part adds
+    the slowest stage's share, ``push + update + reply`` over ``parts`` plus
+    ``(parts - 1) x`` the largest; while the push and the reply overlap they
+    share the core switch, so a part's stage is at least both directions'
+    bytes over the core."""
     k = len(job.servers)
     shard = nbytes / k
     worst = 0.0
@@ -462,7 +474,14 @@ def _push_seconds(
         else:
             transfer = shard / bw
         wait = cb * seconds / (2 * (1 - cb))
-        worst = max(worst, 2 * (lat + transfer) + seconds + wait)
+        if copy or parts == 1:
+            worst = max(worst, 2 * (lat + transfer) + seconds + wait)
+            continue
+        stage = max(transfer, seconds)
+        if job.core is not None and s["node"] != leader:
+            stage = max(stage, 2 * nbytes / float(job.core["bandwidth"]))
+        piped = (2 * transfer + seconds + (parts - 1) * stage) / parts
+        worst = max(worst, 2 * lat + piped + wait)
     return worst
 
 
@@ -650,6 +669,13 @@ def _steady_training(job: SimJob) -> Estimate:
         for n, nbytes in zip(leader_node, sent, strict=True)
     ]
 
+    # a server copies its reply itself to a leader on its node of shared
+    # cores before it serves the next push: that copy is part of its service
+    busy = [
+        u + _server_copy_seconds(job, s)
+        for s, u in zip(job.servers, update, strict=True)
+    ]
+
     def cycles_at(
         link_busy: list[float], cpu_busy: list[float], per_group: list[float]
     ) -> list[float]:
@@ -660,21 +686,21 @@ def _steady_training(job: SimJob) -> Estimate:
                 for j in range(len(job.groups))
                 if j != i and leader_node[j] == leader_node[i]
             )
+            # (a push waits behind the other groups' pushes, not its own)
+            own = per_group[i]
+            links = [
+                max(0.0, b - lk * own) for b, lk in zip(link_busy, link, strict=True)
+            ]
+            cpus = [max(0.0, b - u * own) for b, u in zip(cpu_busy, busy, strict=True)]
             out.append(
                 r
                 + _exchange_seconds(
-                    job, g, update, link, link_busy, cpu_busy, min(BUSY_CAP, others)
+                    job, g, update, link, links, cpus, min(BUSY_CAP, others)
                 )
             )
         return out
 
     cycles = cycles_at(idle, idle, [0.0] * len(job.groups))
-    # a server copies its reply itself to a leader on its node of shared
-    # cores before it serves the next push: that copy is part of its service
-    busy = [
-        u + _server_copy_seconds(job, s)
-        for s, u in zip(job.servers, update, strict=True)
-    ]
     service = max(max(u, lk) for u, lk in zip(busy, link, strict=True))
     if sum(1.0 / c for c in cycles) < 1.0 / service:
         # below saturation: the queues' waits, to a fixed point (waits lengthen

@@ -82,6 +82,7 @@ one pool a batch at a time.)
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -95,7 +96,7 @@ from .loader import Chunks, WorkerLoader
 
 __all__ = ["main", "run"]
 
-PULL = (-1, 0, 0)
+PULL = (-1, 0, 0, 0, 1)
 """Rank 0's pull of the weights for a validation, in a server's mailbox."""
 
 SIMGRID_CONFIG = (
@@ -119,6 +120,12 @@ class _State:
     unclaimed: int = 0  # dynamic shares: the run's samples no worker has claimed
     chunks: Chunks | None = None  # dynamic shares by epoch: the chunk counter
     group_times: dict[int, list[float]] = field(default_factory=dict)
+
+
+def _even_bytes(total: float, count: int) -> list[int]:
+    """``total`` bytes (rounded) cut into ``count`` whole parts as even as can be."""
+    edges = [round(round(total) * i / count) for i in range(count + 1)]
+    return [b - a for a, b in itertools.pairwise(edges)]
 
 
 class _Sim:
@@ -229,6 +236,28 @@ class _Sim:
             if job.pipeline_of(g) is None
             else job.pipelines[g]["parts"][0] / max(1, len(self.server_host))
             for g in range(len(job.groups))
+        ]
+        # a leader's exchange with a server on another host goes in parts
+        # (the run's client cuts each server's float32 shard so; a bank's
+        # parts are its servers' parts side by side); a copy on a node of
+        # shared cores is one (its fitted transfer is the pipelined one's)
+        cut = job.exchange_parts()
+        self.parts = [
+            [
+                1
+                if job.pipeline_of(g) is not None
+                or server.name == self.worker_host[ranks[0]].name
+                else cut
+                for server in self.server_host
+            ]
+            for g, ranks in enumerate(job.groups)
+        ]
+        # the parts' bytes: a server's shard cut evenly into whole bytes, a
+        # bank's servers' parts side by side
+        side = len(job.servers) // len(self.server_host) if self.server_host else 1
+        self.part_sizes = [
+            [side * b for b in _even_bytes(shard / side, cut)]
+            for shard in self.group_shard
         ]
 
     def _build_bank(self, zone, core) -> None:
@@ -798,13 +827,18 @@ class _Sim:
             self._execute(copy)  # the weights into the model
             bcast = True
         self._execute(copy)  # the gradient flattened for the push
+        head = (group, shared["computed_on"], samples)
         for s, server in enumerate(self.server_host):
+            if self.parts[group][s] > 1:
+                continue  # (the group's pusher sends these, part by part)
             # on the server's node of shared cores a notice: the server
             # copies the push in itself (the receiver copies a large
             # message on shared memory)
             size = 0 if server.name == host.name else shard
             box = sg.Mailbox.by_name(f"server{s}")
-            box.put_init((group, shared["computed_on"], samples), round(size)).detach()
+            box.put_init((*head, 0, 1), round(size)).detach()
+        if max(self.parts[group], default=1) > 1:
+            shared["outbox"].put_init(head, 0).detach()
         shared["pending"] = True
         if not job.overlap:
             shared["weights"] = self._replies(group, host)
@@ -815,8 +849,32 @@ class _Sim:
             self._execute(copy)  # the weights flattened for the group's broadcast
         return bcast
 
+    def pusher(self, group: int) -> None:
+        """The leader's sends of its pushes' parts to the servers on other
+        hosts, as its client posts them: one part after another, each to
+        every such server at once (a part reaches its server one part's
+        transfer after the push begins, and the server updates and returns
+        it while the next one moves)."""
+        sg = self.sg
+        sg.Actor.self().daemonize()
+        outbox = self.groups_shared[group]["outbox"]
+        targets = [s for s, count in enumerate(self.parts[group]) if count > 1]
+        sizes = self.part_sizes[group]
+        boxes = [sg.Mailbox.by_name(f"server{s}") for s in targets]
+        while True:
+            head = outbox.get()
+            for part, size in enumerate(sizes):
+                flows = [
+                    box.put_async((*head, part, len(sizes)), round(size))
+                    for box in boxes
+                ]
+                for flow in flows:
+                    flow.wait()
+
     def server(self, index: int) -> None:
-        """Serve pushes in arrival order; server 0 counts the versions and
+        """Serve pushes in arrival order, part by part (a push from another
+        host comes in parts, each updated and returned as it arrives, the
+        first counted as the update); server 0 counts the versions and
         holds the reply to a group too far ahead (``--staleness-bound``: the
         run's own rule, :class:`hybridagg.ps.staleness.GroupBook`)."""
         sg, job, st = self.sg, self.job, self.state
@@ -828,47 +886,64 @@ class _Sim:
         book = GroupBook(len(job.groups), job.staleness_bound if index == 0 else None)
         version = 0
         held_version: dict[int, int] = {}  # the version a held reply carries
+        pushes: dict[int, tuple[int, bool]] = {}  # group: (its version, held)
+        master = job.master_bytes / len(job.servers)  # (a bank's too)
         while True:
-            group, pulled, samples = me.get()
+            group, pulled, samples, part, parts = me.get()
             if group == PULL[0]:
                 self._serve_pull(host)
                 continue
             leader_host = self.worker_host[job.groups[group][0]]
             if leader_host.name == host.name:  # the push copied in
                 self.transfer(leader_host, host, self.group_shard[group], server=True)
-            master = job.master_bytes / len(job.servers)  # (a bank's too)
-            seconds = job.server_update_s + master * job.server_byte_s
+            seconds = master / parts * job.server_byte_s
+            if part == 0:
+                seconds += job.server_update_s
             sg.this_actor.exec_async(seconds * host.speed / speed).wait()
-            if index == 0:
-                st.staleness.append(version - pulled)
-                self._count(samples)
-            version += 1
-            book.record(group, version - 1 - pulled)
-            if book.too_far_ahead(group) and not st.stopped:
-                book.hold(HeldReply(group, version - 1 - pulled, 1.0))
-                held_version[group] = version
-            else:
-                self._reply(host, group, version)
-            for held in book.release(everyone=st.stopped):
-                self._reply(host, held.group, held_version.pop(held.group))
+            if part == 0:
+                if index == 0:
+                    st.staleness.append(version - pulled)
+                    self._count(samples)
+                version += 1
+                book.record(group, version - 1 - pulled)
+                pushes[group] = (version, book.too_far_ahead(group) and not st.stopped)
+            mine, held = pushes[group]
+            if not held:
+                self._reply(index, group, mine, part if parts > 1 else None)
+            if part < parts - 1:
+                continue
+            if held:  # (the run holds a push's reply once it is whole)
+                book.hold(HeldReply(group, mine - 1 - pulled, 1.0))
+                held_version[group] = mine
+            for release in book.release(everyone=st.stopped):
+                g = release.group
+                self._reply(index, g, held_version.pop(g), None)
 
-    def _reply(self, host, group: int, version: int) -> None:
-        """Send the new weights of this shard to ``group``'s leader (of a
-        pipelined group: its first stage's part of the shard)."""
+    def _reply(self, index: int, group: int, version: int, part: int | None) -> None:
+        """Send part ``part`` (``None``: all) of server ``index``'s new
+        weights to ``group``'s leader (of a pipelined group: its first
+        stage's part of the shard)."""
         leader_host = self.worker_host[self.job.groups[group][0]]
+        units, size = self.parts[group][index], self.group_shard[group]
+        if part is not None:
+            units, size = 1, self.part_sizes[group][part]
         # to a leader on this node of shared cores a notice: the leader
         # copies the reply in itself (:meth:`_replies`)
-        size = 0 if leader_host.name == host.name else self.group_shard[group]
+        if leader_host.name == self.server_host[index].name:
+            size = 0
         box = self.groups_shared[group]["mailbox"]
-        box.put_init(version, round(size)).detach()
+        box.put_init((version, units), round(size)).detach()
 
     def _replies(self, group: int, host) -> int:
         """The leader of ``group`` (on ``host``) takes every server's reply,
-        copying in those from servers on its node of shared cores (the
-        receiver of a large message on shared memory copies it); returns
-        the newest version."""
+        every part of it, copying in those from servers on its node of
+        shared cores (the receiver of a large message on shared memory
+        copies it); returns the newest version."""
         me = self.groups_shared[group]["mailbox"]
-        version = max(me.get() for _ in self.server_host)
+        missing, version = sum(self.parts[group]), 0
+        while missing > 0:
+            got, units = me.get()
+            version, missing = max(version, got), missing - units
         self._copy_in(host, self.group_shard[group])
         return version
 
@@ -898,6 +973,7 @@ class _Sim:
                 # every rank has it (each phase needs its neighbour's data)
                 "ring_barrier": sg.Barrier(len(ranks)) if len(ranks) > 1 else None,
                 "mailbox": sg.Mailbox.by_name(f"leader{g}"),
+                "outbox": sg.Mailbox.by_name(f"outbox{g}"),
                 "bcast": False,
                 "stop": False,
                 "pending": False,
@@ -934,6 +1010,11 @@ class _Sim:
                     sg.Actor.create(f"cross{r}", host, self.cross_stage, g)
         for s in range(len(self.server_host)):
             sg.Actor.create(f"server{s}", self.server_host[s], self.server, s)
+        for g, ranks in enumerate(job.groups):
+            if max(self.parts[g], default=1) > 1:
+                sg.Actor.create(
+                    f"pusher{g}", self.worker_host[ranks[0]], self.pusher, g
+                )
         for g, ranks in enumerate(job.groups):
             if job.pipeline_of(g) is not None:
                 sg.Actor.create(

@@ -18,6 +18,7 @@ in proportion to its summed speed).
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ __all__ = [
     "BANK_MIN_FLOWS",
     "LOADER_CLAIM_AHEAD",
     "LOADER_WINDOWS_AHEAD",
+    "PS_PART_BYTES",
     "PULL_COPIES",
     "JobOptions",
     "SimJob",
@@ -69,6 +71,10 @@ class JobOptions(Protocol):
     # (read when present) lookahead: --lookahead, the servers' momentum
     # lookahead on every reply
 
+
+PS_PART_BYTES = 4 * 2**20
+"""The run's part of a parameter-server message (``HYBRIDAGG_PS_PART_BYTES``'s
+default): a server updates and returns each part as it arrives."""
 
 PULL_COPIES = 4
 """Copies of the model rank 0 makes around a validation's pull, as
@@ -163,6 +169,11 @@ class SimJob:
             apart, a group beginning the next epoch once an update of its
             carried no samples (0: one pool of ``target_samples``, drawn a
             batch at a time).
+        part_bytes: A leader's exchange with a server on another node is cut
+            into parts of at most this many bytes of the server's float32
+            shard (:data:`PS_PART_BYTES`, the run's): the leader sends them
+            in order, and the server updates and returns each as it arrives,
+            so push, update and reply overlap (0: one message each way).
     """
 
     mode: str
@@ -196,10 +207,20 @@ class SimJob:
     epoch_samples: int = 0
     pipelines: list[Any] = field(default_factory=list)
     core: dict[str, float] | None = None
+    part_bytes: float = 0.0
 
     def pipeline_of(self, group: int) -> dict[str, Any] | None:
         """``group``'s pipeline (``None``: its ranks each hold a whole replica)."""
         return self.pipelines[group] if self.pipelines else None
+
+    def exchange_parts(self) -> int:
+        """The parts a leader's exchange with a server it reaches by a flow
+        (not a copy on a node of shared cores) is cut into: ``part_bytes``
+        of a server's float32 shard, as the run's client cuts it."""
+        if self.part_bytes <= 0 or not self.servers:
+            return 1
+        shard = self.master_bytes / len(self.servers)
+        return max(1, math.ceil(shard / self.part_bytes))
 
     def pipeline_step_seconds(self, group: int) -> float:
         """Seconds of one step of pipelined ``group`` (its stages paced as at
@@ -459,6 +480,7 @@ def build_job(
             if cluster.core is None
             else {"bandwidth": cluster.core.bandwidth, "latency": cluster.core.latency}
         ),
+        "part_bytes": PS_PART_BYTES,
         "workers": workers,
         "groups": [],
         "servers": [],
