@@ -27,6 +27,12 @@ and ``--kernels fused,loop`` measures the servers' optimizer (SGD with
 momentum and weight decay) with torch's fused kernel and with its
 per-parameter loop (``fused=False``) side by side.
 
+``--cluster FILE`` runs every job across an emulated cluster (brought up
+with ``hybridagg cluster up FILE``) through ``hybridagg-run --cluster``, its
+ranks on the file's hosts in order: with
+``bench/clusters/two-hosts-10g.toml`` and ``--servers 1`` the leader and the
+server are on two hosts, one 10 Gbit/s link apart.
+
 ``--wire bf16`` (or ``fp16``): hybridagg's pushes and pulls travel in that
 type (the raw anchor stays float32: the same model, twice the bytes); each
 latency record carries ``wire`` and ``wire_bytes``, the bytes the client
@@ -265,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("fp32", "bf16", "fp16"),
         help="the type hybridagg's pushes and pulls travel in (default fp32)",
     )
+    parser.add_argument(
+        "--cluster",
+        help="run each job across this emulated cluster (its file; up with "
+        "hybridagg cluster up): ranks on its hosts in order, the leaders first, "
+        "the servers last",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -345,7 +357,9 @@ def drive(args, sizes) -> int:
             out = Path(tmp) / f"job{i}.json"
             cmd = [sys.executable, str(HERE), *extra, "--out", str(out)]
             result = runner.run_job(
-                runner.mpiexec_argv(nranks, cmd), timeout=1800, env=runner.mpiexec_env()
+                runner.launch_argv(nranks, cmd, cluster=args.cluster),
+                timeout=1800,
+                env=runner.mpiexec_env(),
             )
             if result.returncode != 0 or not out.exists():
                 print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)

@@ -333,11 +333,17 @@ def calibrate(
     return rec
 
 
-def _job(nranks: int, cmd: list[str], timeout: float, what: str) -> None:
+def _job(
+    nranks: int, cmd: list[str], timeout: float, what: str, cluster: str | None = None
+) -> None:
+    """Run ``cmd`` on ``nranks`` ranks here, or across the emulated
+    ``cluster`` (up)."""
     from hybridagg.runtime import runner
 
     result = runner.run_job(
-        runner.mpiexec_argv(nranks, cmd), timeout=timeout, env=runner.mpiexec_env()
+        runner.launch_argv(nranks, cmd, cluster=cluster),
+        timeout=timeout,
+        env=runner.mpiexec_env(),
     )
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
@@ -366,12 +372,12 @@ def measure_network(args, work: Path) -> Path:
         print(f"# reusing {across}", flush=True)
         return across
     start = time.perf_counter()
-    _across(
-        args.cluster,
+    _job(
+        WORKERS,
         [sys.executable, str(HERE.parent / "allreduce.py"), "--impls",
          "hybridagg-flat", "--max", str(NETWORK_MAX), "--reps",
          str(args.reps * 4), "--json", str(across)],
-        args.timeout,
+        args.timeout, "bench/allreduce.py across the cluster", cluster=args.cluster,
     )  # fmt: skip
     print(f"# {across.name}: {time.perf_counter() - start:.0f} s", flush=True)
     return across
@@ -430,18 +436,6 @@ def measure(
     rec = calibrate(prof, ar, ps, work / f"calibrated-{model}.json", network)
     rec.update({"model": model, "allreduce_json": str(ar), "ps_json": str(ps)})
     return rec
-
-
-def _across(cluster: str, cmd: list[str], timeout: float) -> None:
-    """Run ``cmd`` on ``WORKERS`` ranks of the emulated ``cluster`` (up)."""
-    from hybridagg.runtime import runner
-
-    launch = [str(Path(sys.executable).parent / "hybridagg-run"), "--cluster", cluster,
-              "-n", str(WORKERS), "--", *cmd]  # fmt: skip
-    result = runner.run_job(launch, timeout=timeout, env=runner.mpiexec_env())
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-        raise SystemExit("simcheck: bench/allreduce.py across the cluster failed")
 
 
 def _run_ps(nbytes: int, args, out: Path) -> None:

@@ -186,12 +186,13 @@ def test_a_sitting_on_a_cluster_fits_its_links_on_the_allreduce_across_it(
     sim = simcheck.SIM_CLUSTERS["four-workers-10g.toml"]
     launched = []
 
-    def across(cluster, cmd, timeout):  # the ring measured across, 0.6 GB/s a link
+    def across(nranks, cmd, timeout, what, cluster=None):  # 0.6 GB/s a link
+        assert nranks == simcheck.WORKERS
         launched.append((cluster, cmd))
         out = Path(cmd[cmd.index("--json") + 1])
         out.write_text(json.dumps(ring_records(4, 4e-4, 6e8)))
 
-    monkeypatch.setattr(simcheck, "_across", across)
+    monkeypatch.setattr(simcheck, "_job", across)
     args = argparse.Namespace(cluster=emulated, reuse=False, reps=5, timeout=60)
     path = simcheck.measure_network(args, tmp_path)
     ((cluster, cmd),) = launched
@@ -680,3 +681,57 @@ def test_convergence_fits_the_staleness_weight_on_mixed_cells(convergence, tmp_p
     uneven = next(c for c in data["mixed"] if c["spec"] == "8 2-4:2,5-7:4")
     assert uneven["predicted_drift"] < 0.9 * uneven["updates"]
     assert load_convergence(out).staleness_weight == data["staleness_weight"]
+
+
+@pytest.fixture(scope="module")
+def sim_exchange():
+    return load("sim_exchange")
+
+
+@needs_simgrid
+def test_sim_exchange_simulates_bench_ps_round_trips_across_a_link(
+    sim_exchange, tmp_path, capsys
+):
+    from dataclasses import replace
+
+    from test_sim import PROFILE
+
+    from hybridagg.sim import save_profile
+    from hybridagg.sim.profile import NetworkFit
+
+    fit = NetworkFit("four-workers-10g", latency_s=2e-4, core_Bps=0.0, ranks=4,
+                     crossings=2)  # fmt: skip
+    save_profile(replace(PROFILE, networks=(fit,)), tmp_path / "p.json")
+    mib = 2**20
+    ps = [
+        {"impl": impl, "servers": 1, "bytes": 64 * mib, "median_us": us,
+         "update_us": 40_000.0}
+        for impl, us in (("hybridagg-ps", 90_000.0), ("mpi4py-p2p", 130_000.0),
+                         ("hybridagg-ps+update", 95_000.0))
+    ] + [{"impl": "hybridagg-ps", "servers": 2, "bytes": mib, "median_us": 1.0,
+          "update_us": 1.0}]  # fmt: skip
+    (tmp_path / "ps.json").write_text(json.dumps(ps))
+    out = tmp_path / "x.json"
+    argv = ["--ps", str(tmp_path / "ps.json"), "--profile", str(tmp_path / "p.json"),
+            "--steps", "3", "--json", str(out), "--md", str(tmp_path / "x.md")]  # fmt: skip
+    assert sim_exchange.main(argv) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"hybridagg-ps", "mpi4py-p2p", "hybridagg-ps+update"}
+    # one message each way without an update: two lone flows, in closed form
+    # (the fit's latency between the hosts, the file's 10 Gbit/s)
+    lone = 2 * (2e-4 + 64 * mib / 1.25e9)
+    assert rows["mpi4py-p2p"]["simulated_s"] == pytest.approx(lone, rel=1e-6)
+    assert rows["hybridagg-ps"]["one_message_s"] == pytest.approx(lone, rel=1e-6)
+    # in parts the reply crosses back while the push goes out (no core here)
+    piped = rows["hybridagg-ps"]["simulated_s"]
+    assert 64 * mib / 1.25e9 < piped < 0.6 * lone
+    # the update hides behind the parts' transfers, not behind one message
+    updated = rows["hybridagg-ps+update"]
+    assert updated["one_message_s"] == pytest.approx(lone + 0.04, rel=1e-6)
+    assert updated["simulated_s"] < piped + 0.01
+    assert "| 64 MiB | push+pull with the update | 95.0 |" in capsys.readouterr().out
+    # a profile without the cluster's network fit is refused
+    save_profile(PROFILE, tmp_path / "bare.json")
+    with pytest.raises(SystemExit, match="no network fit for cluster"):
+        sim_exchange.main(["--ps", str(tmp_path / "ps.json"), "--profile",
+                           str(tmp_path / "bare.json")])  # fmt: skip

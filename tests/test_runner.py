@@ -2,6 +2,8 @@
 
 import os
 import stat
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,20 @@ def test_hydra_needs_no_extra_flags(tmp_path):
 def test_bad_rank_count(n):
     with pytest.raises(ValueError, match="nranks"):
         runner.mpiexec_argv(n, ["a"])
+
+
+def test_a_job_across_an_emulated_cluster_goes_through_hybridagg_run():
+    argv = runner.launch_argv(2, ["python", "x.py"], cluster="c.toml")
+    run = Path(argv[0])
+    assert run.name == "hybridagg-run"
+    if (Path(sys.executable).parent / "hybridagg-run").exists():
+        assert run.parent == Path(sys.executable).parent  # this venv's own
+    assert argv[1:] == ["--cluster", "c.toml", "-n", "2", "--", "python", "x.py"]
+    assert runner.launch_argv(2, ["a"]) == runner.mpiexec_argv(2, ["a"])
+    with pytest.raises(ValueError, match="nranks"):
+        runner.launch_argv(0, ["a"], cluster="c.toml")
+    with pytest.raises(ValueError, match="command is empty"):
+        runner.launch_argv(2, [], cluster="c.toml")
 
 
 def test_env_drops_enclosing_job_and_allows_root():

@@ -31,6 +31,7 @@ __all__ = [
     "RunResult",
     "find_mpiexec",
     "identify_mpiexec",
+    "launch_argv",
     "mpiexec_argv",
     "mpiexec_env",
     "mpiexec_flags",
@@ -178,6 +179,29 @@ def mpiexec_argv(
     argv += mpiexec_flags(info, oversubscribe=oversubscribe)
     argv += list(extra or [])
     return argv + list(command)
+
+
+def launch_argv(
+    nranks: int, command: list[str], *, cluster: str | None = None
+) -> list[str]:
+    """The command line that runs ``command`` on ``nranks`` ranks: here with
+    :func:`mpiexec_argv`, or with ``cluster`` (an emulated cluster's file,
+    brought up with ``hybridagg cluster up``) through ``hybridagg-run
+    --cluster``, its ranks on the file's hosts in order.
+
+    Raises:
+        ValueError: ``nranks`` is not positive or ``command`` is empty.
+    """
+    if cluster is None:
+        return mpiexec_argv(nranks, command)
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    if not command:
+        raise ValueError("command is empty")
+    # (this interpreter's own hybridagg-run: a venv's, whatever PATH says)
+    run = Path(sys.executable).parent / "hybridagg-run"
+    launcher = str(run) if run.exists() else (shutil.which("hybridagg-run") or str(run))
+    return [launcher, "--cluster", str(cluster), "-n", str(nranks), "--", *command]
 
 
 def mpiexec_env(

@@ -36,8 +36,10 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   and the cycles are time-averaged over that run.
 * **sync**: samples of a step over the step.
 * **hybrid, async**: a group's cycle is its step, the leader's exchange
-  (push a shard to each server, the update, the reply) and the broadcast
-  of the new weights (a pipelined chain). Every server serves every update
+  (push a shard to each server, the update, the reply; to a server it
+  reaches by a flow, in the run's parts: a pipeline of those three stages,
+  :func:`_push_seconds`) and the broadcast of the new weights (a pipelined
+  chain). Every server serves every update
   (``server_update_s + master bytes / K x server_byte_s`` over its speed, or
   its link's time for its shard if longer), one at a time: when the groups'
   pushes come faster than the slowest server serves, every group waits the
@@ -49,7 +51,8 @@ follows the engine's step rule by rule (pure logic, no SimGrid):
   see :func:`_convoy`.
   Below saturation a push waits as in a queue: the server's link shared
   fairly (processor sharing), its updates first come, first served
-  (M/D/1's mean wait), the load found by a fixed point; a server on the
+  (M/D/1's mean wait), the load found by a fixed point (the other groups'
+  load: a push does not wait behind its own group's); a server on the
   node of a leader's shared cores copies its push in itself, part of its
   service (the leader copies the reply in). On a node of
   shared cores, the groups' core-seconds there per second (compute that

@@ -265,6 +265,36 @@ def test_allreduce_across_two_hosts_runs_at_the_links_rate(cluster, tmp_path):
     assert sent >= least and got >= least, (sent, got, least, reps)
 
 
+@pytest.mark.parametrize("cluster", ["two-hosts.toml"], indirect=True)
+def test_bench_ps_across_a_cluster_puts_the_leader_and_the_server_on_two_hosts(
+    cluster, tmp_path
+):
+    # bench/ps.py --cluster: its latency job through hybridagg-run, the
+    # leader on host a and the server on host b
+    path, spec = cluster
+    out = tmp_path / "ps.json"
+    before = traffic(spec)
+    result = sh(
+        [sys.executable, REPO / "bench" / "ps.py", "--cluster", path, "--only",
+         "latency", "--servers", "1", "--min", "1048576", "--max", "4194304",
+         "--reps", "2", "--json", out],
+        cwd=REPO,
+    )  # fmt: skip
+    after = traffic(spec)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    records = json.loads(out.read_text())
+    assert {(r["impl"], r["bytes"]) for r in records} == {
+        (impl, size)
+        for impl in ("hybridagg-ps", "hybridagg-ps+update", "mpi4py-p2p")
+        for size in (1 << 20, 4 << 20)
+    }
+    # every push and every reply crossed host a's link: (reps + 1) round
+    # trips of each size, for each of the three
+    least = 3 * 3 * ((1 << 20) + (4 << 20))
+    sent, got = after["a"][0] - before["a"][0], after["a"][1] - before["a"][1]
+    assert sent >= least and got >= least, (sent, got, least)
+
+
 @pytest.mark.parametrize("cluster", ["three-hosts.toml"], indirect=True)
 def test_allreduce_within_a_host_stays_off_the_link(cluster, tmp_path):
     path, spec = cluster
