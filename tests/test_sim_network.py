@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from test_sim import PROFILE, needs_simgrid, options
+from test_sim_exchange import two_nodes
 
 from hybridagg.sim import (
     ClusterSpec,
@@ -105,17 +106,7 @@ def test_pushes_across_the_core_switch_are_held_to_its_bandwidth():
     # one async worker on its own node pushes the gradient to a server on
     # another in one message each way (in parts: tests/test_sim_exchange.py):
     # the push and the reply each cross the core alone
-    cluster = ClusterSpec(
-        name="t",
-        node_types=(
-            NodeType(name="g", count=1, devices=1),
-            NodeType(name="s", count=1, devices=0),
-        ),
-        intra_node=LinkSpec(1e10, 0.0),
-        inter_node=LinkSpec(1e9, 0.0),
-        servers=ServerPlacement(("s",), 1),
-        core=LinkSpec(4e8, 0.0),
-    )
+    cluster = two_nodes(core=4e8)
     whole = dict(part_bytes=0)
     job = replace(
         build_job(options(mode="async", servers=1, steps=3), cluster, PROFILE), **whole

@@ -29,25 +29,27 @@ it flattens the gradient before and copies the reply's weights into its
 model after (``copy_s``), and in a group of several flattens them again
 for the broadcast, which each member copies in. Every worker zeroes its
 gradient and checks the reduced one each step (``grad_s``); sync workers
-update the model themselves after the reduction (``update_s``). A leader's exchange with a server on another host goes in the run's
-parts (``SimJob.part_bytes``: ``HYBRIDAGG_PS_PART_BYTES`` of the server's
-float32 shard): a pusher actor per leader sends them one after another,
-and the server updates and returns each as it arrives, so the push, the
-updates and the reply overlap (a held reply goes whole once its push is).
-One actor per
-server, serving pushes (and rank 0's pulls) in arrival order: on its node
-of shared cores it copies a leader's push in itself, as the receiver of a
+update the model themselves after the reduction (``update_s``). A
+leader's exchange with a server on another host goes in the run's parts
+(``SimJob.part_bytes``: ``HYBRIDAGG_PS_PART_BYTES`` of the server's float32
+shard): a pusher actor per leader sends them one after another, and the
+server updates and returns each as it arrives, so the push, the updates
+and the reply overlap (a held reply goes whole once its push is). Each
+part pays the route's latency in turn, where a run's stream of sends pays
+it about once: ``parts x latency`` more per push. One actor per server,
+serving pushes (and rank 0's pulls) in arrival order: on its node of
+shared cores it copies a leader's push in itself, as the receiver of a
 large message on shared memory does; its update costs ``server_update_s +
 master bytes x server_byte_s`` of its host's time (the float32 master
 weights of its shard, whatever the wire); a leader on its node copies the
-reply in itself. With
-``SimJob.server_bank`` (:func:`hybridagg.sim.job.bank_servers`: 4,096
-pushes a round or more, interchangeable servers) the servers are one bank:
-one host behind their links side by side, one actor, a push and a reply
-each a train of parts of the whole gradient, each update one shard's cost; a
-simulated event (a simcall: a thread switch in the Python binding) per
-server per push, and as many concurrent flows, are what made 1,024 async
-leaders with 64 servers take more than 300 s.
+reply in itself. With ``SimJob.server_bank``
+(:func:`hybridagg.sim.job.bank_servers`: 4,096 pushes a round or more,
+interchangeable servers) the servers are one bank: one host behind their
+links side by side, one actor, a push and a reply each a train of parts of
+the whole gradient, each update one shard's cost; a simulated event (a
+simcall: a thread switch in the Python binding) per server per push, and as
+many concurrent flows, are what made 1,024 async leaders with 64 servers
+take more than 300 s.
 The reduction runs one collective per gradient bucket, one after another
 in the reducer's order, each starting when backward has filled its bucket
 (the profile's bucket schedule), so it overlaps the rest of backward as in
