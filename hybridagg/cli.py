@@ -812,7 +812,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
          f"{p.sync_cost_per_hour:g} per hour"
          + ("" if p.sync_time_to_target_s is None
             else f", {p.sync_time_to_target_s:.1f} s to the target")),
-        ("simulated samples/s", note or f"{p.simulated_samples_per_sec:.1f} (SimGrid)"),
+        ("simulated samples/s", note if p.simulated_samples_per_sec is None
+         else f"{p.simulated_samples_per_sec:.1f} (SimGrid"
+         + (f"; {note})" if note else ")")),
         ("cost per hour", f"{p.cost_per_hour:g}"),
         ("train flags", _shorten(" ".join(p.train_args()))),
     ]  # fmt: skip

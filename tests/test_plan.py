@@ -16,6 +16,7 @@ from hybridagg.sim import (
     build_job,
     load_cluster,
     machine_cluster,
+    planner,
     ring_allreduce_seconds,
 )
 from hybridagg.sim._simgrid import SimGridMissing, find_extension
@@ -24,8 +25,12 @@ from hybridagg.sim.cluster import NodeType
 from hybridagg.sim.planfile import groups_spec, layout_conflict, load_plan, make_plan
 from hybridagg.sim.planner import (
     AUTO_EXACT_LIMIT,
+    CONFIRM_BAND,
+    CONFIRM_MOST,
     best_sync,
     compare_searchers,
+    confirm_best,
+    contenders,
     resolve_searcher,
 )
 from hybridagg.sim.policy import reinforce_search
@@ -569,6 +574,59 @@ def test_best_sync_is_the_best_synchronous_configuration():
         for batches in ("equal", "speed"):
             score = model.score(Candidate("sync", nodes, batches=batches))
             assert score is None or score.samples_per_sec <= found[1].samples_per_sec
+
+
+def test_contenders_are_the_configurations_predicted_within_the_band():
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    space = model.default_space()
+    found = exact_search(model, space, Objective("throughput"))
+    pool = contenders(model, space, found.best, found.score, 0.3, most=50)
+    assert pool[0] == (found.best, found.score)  # the search's choice first
+    floor = 0.7 * found.score.samples_per_sec
+    rates = [s.samples_per_sec for _, s in pool]
+    assert rates == sorted(rates, reverse=True) and min(rates) >= floor
+    # every configuration within the band is there, or one predicted alike
+    kinds = {(s.samples_per_sec, s.cost_per_hour) for _, s in pool}
+    assert len(kinds) == len(pool)
+    for nodes in space.node_choices():
+        for c in space.candidates_on(nodes):
+            s = model.score(c)
+            if s is not None and s.samples_per_sec >= floor:
+                assert (s.samples_per_sec, s.cost_per_hour) in kinds
+    assert len(pool) > 2  # (the band holds more than the choice here)
+    assert len(contenders(model, space, found.best, found.score, 0.3, most=2)) == 2
+    assert contenders(model, space, found.best, found.score, 0.0) == [
+        (found.best, found.score)
+    ]
+    assert 0 < CONFIRM_BAND < 1 and CONFIRM_MOST >= 2
+
+
+def test_the_plan_is_the_fastest_simulated_of_the_contenders(monkeypatch):
+    model = CostModel(_three_types(), SMALL, batch_size=16)
+    space = model.default_space()
+    found = exact_search(model, space, Objective("throughput"))
+    pool = contenders(model, space, found.best, found.score, 0.3, most=4)
+    # the simulator disagrees with the analytic model: the last is fastest,
+    # and the second fails (left out)
+    simulated = {c: 100.0 + i for i, (c, _) in enumerate(pool)}
+
+    def fake_confirm(m, c, *, timeout):
+        if c == pool[1][0]:
+            raise RuntimeError("the simulation failed")
+        return {"samples_per_sec": simulated[c]}
+
+    monkeypatch.setattr(planner, "confirm", fake_confirm)
+    best, score, sim, count = confirm_best(model, pool, timeout=1.0)
+    assert (best, score) == pool[-1] and sim["samples_per_sec"] == 103.0
+    assert count == len(pool) - 1
+
+    # the search's own choice failing is an error, not a silent skip
+    def first_fails(m, c, *, timeout):
+        raise TimeoutError("past --sim-timeout")
+
+    monkeypatch.setattr(planner, "confirm", first_fails)
+    with pytest.raises(TimeoutError):
+        confirm_best(model, pool, timeout=1.0)
 
 
 def test_compare_searchers_reports_the_policy_gap():

@@ -6,6 +6,12 @@ space, :func:`confirm` simulates the chosen configuration with SimGrid (at
 most ``confirm_workers`` workers: a 64-rank simulation takes seconds), and
 :func:`plan` does all three for ``hybridagg plan``'s options, with the best
 synchronous all-reduce configuration scored beside (:func:`best_sync`).
+Under ``--objective throughput`` the configurations the analytic model
+predicts within ``--confirm-band`` of the choice (:func:`contenders`: its
+error band; at most :data:`CONFIRM_MOST`) are simulated too, and the fastest
+simulated is the plan (:func:`confirm_best`): the model ranks thousands of
+configurations cheaply, the simulator decides between those it cannot tell
+apart.
 
 :func:`compare_searchers` runs the exact searcher and the REINFORCE policy
 on one space and reports the policy's gap (``bench/planner.py``'s table).
@@ -29,10 +35,14 @@ from .space import Candidate, CostModel, Score, Space, parse_batch_choices
 
 __all__ = [
     "AUTO_EXACT_LIMIT",
+    "CONFIRM_BAND",
+    "CONFIRM_MOST",
     "PlanRequest",
     "best_sync",
     "compare_searchers",
     "confirm",
+    "confirm_best",
+    "contenders",
     "gap",
     "make_model",
     "plan",
@@ -45,6 +55,13 @@ AUTO_EXACT_LIMIT = 20_000
 
 CONFIRM_UPDATES = 20
 """Updates per group the confirming simulation runs."""
+
+CONFIRM_MOST = 8
+"""At most this many configurations are simulated to confirm a throughput plan."""
+
+CONFIRM_BAND = 0.15
+"""``--confirm-band``'s default: the analytic model's error band (its median
+error over the spaces simulated exhaustively, bench/RESULTS.md, is 1-12%)."""
 
 
 class PlanRequest(Protocol):
@@ -68,6 +85,7 @@ class PlanRequest(Protocol):
     seed: int
     rounds: int
     confirm_workers: int
+    confirm_band: float
     sim_timeout: float
 
 
@@ -146,6 +164,68 @@ def confirm(model: CostModel, c: Candidate, *, timeout: float) -> dict[str, Any]
     return simulate(model.job(c, steps=steps), timeout=timeout).as_dict()
 
 
+def contenders(
+    model: CostModel,
+    space: Space,
+    best: Candidate,
+    score: Score,
+    band: float,
+    *,
+    most: int = CONFIRM_MOST,
+) -> list[tuple[Candidate, Score]]:
+    """``best`` and the configurations of ``space`` the analytic model
+    predicts within ``band`` of its samples/s, the fastest first (at most
+    ``most``). Of configurations predicted alike (the same samples/s and
+    cost: e.g. batches by speed in groups of one speed) one stands for all.
+    Node sets whose ideal samples/s is below the band are skipped."""
+    floor = (1 - band) * score.samples_per_sec
+    seen = {(score.samples_per_sec, score.cost_per_hour)}
+    near = []
+    for nodes in space.node_choices():
+        if model.upper_bound(nodes) < floor:
+            continue  # (no configuration on these nodes is faster than that)
+        for c in space.candidates_on(nodes):
+            s = model.score(c)
+            if s is not None and s.samples_per_sec >= floor and c != best:
+                near.append((c, s))
+    near.sort(key=lambda cs: (-cs[1].samples_per_sec, cs[1].cost_per_hour,
+                              cs[0].describe()))  # fmt: skip
+    out = [(best, score)]
+    for c, s in near:
+        if (s.samples_per_sec, s.cost_per_hour) not in seen and len(out) < most:
+            seen.add((s.samples_per_sec, s.cost_per_hour))
+            out.append((c, s))
+    return out
+
+
+def confirm_best(
+    model: CostModel,
+    pool: list[tuple[Candidate, Score]],
+    *,
+    timeout: float,
+) -> tuple[Candidate, Score, dict[str, Any], int]:
+    """Simulate every configuration of ``pool`` (the first is the search's
+    choice) and return the fastest simulated (the cheaper of equals), its
+    analytic score, its simulation and how many simulated.
+
+    Raises:
+        SimGridMissing: SimGrid is not installed.
+        TimeoutError, RuntimeError: The first one's simulation failed (a
+            later one that fails is left out).
+    """
+    results = []
+    for i, (c, s) in enumerate(pool):
+        try:
+            results.append((c, s, confirm(model, c, timeout=timeout)))
+        except (TimeoutError, RuntimeError):
+            if i == 0:
+                raise
+    c, s, simulated = max(
+        results, key=lambda r: (r[2]["samples_per_sec"], -r[1].cost_per_hour)
+    )
+    return c, s, simulated, len(results)
+
+
 def best_sync(
     model: CostModel, space: Space, objective: Objective
 ) -> tuple[Candidate, Score] | None:
@@ -200,36 +280,60 @@ def plan(options: PlanRequest, profile: Profile) -> tuple[Plan, SearchResult, st
             f"the fastest found ({result.fastest.describe()}) predicts "
             f"{fastest.samples_per_sec:.1f} samples/s"
         )
-    chosen = make_plan(
-        model,
-        result.best,
-        result.score,
-        objective=options.objective,
-        min_samples_per_sec=options.min_samples_per_sec,
-        searcher=result.searcher,
-        evaluated=result.evaluated,
-        cluster_file=options.cluster,
-    )
     sync = best_sync(model, space, objective)
-    chosen = replace(
-        chosen,
-        sync_samples_per_sec=None if sync is None else sync[1].samples_per_sec,
-        sync_cost_per_hour=None if sync is None else sync[1].cost_per_hour,
-        sync_time_to_target_s=None if sync is None else sync[1].time_to_target_s,
-        memory_dropped=result.memory_dropped,
-    )
+
+    def plan_of(c: Candidate, score: Score) -> Plan:
+        chosen = make_plan(
+            model,
+            c,
+            score,
+            objective=options.objective,
+            min_samples_per_sec=options.min_samples_per_sec,
+            searcher=result.searcher,
+            evaluated=result.evaluated,
+            cluster_file=options.cluster,
+        )
+        return replace(
+            chosen,
+            sync_samples_per_sec=None if sync is None else sync[1].samples_per_sec,
+            sync_cost_per_hour=None if sync is None else sync[1].cost_per_hour,
+            sync_time_to_target_s=None if sync is None else sync[1].time_to_target_s,
+            memory_dropped=result.memory_dropped,
+        )
+
+    chosen = plan_of(result.best, result.score)
     note = ""
-    if options.confirm_workers and chosen.workers <= options.confirm_workers:
+    limit = options.confirm_workers
+    band = float(getattr(options, "confirm_band", 0.0))
+    if limit and chosen.workers <= limit:
+        pool = [(result.best, result.score)]
+        if objective.kind == "throughput" and band > 0:
+            # configurations the analytic model cannot tell from the choice
+            # (within its error band) are decided by the simulator
+            pool = [
+                (c, sc)
+                for c, sc in contenders(model, space, result.best, result.score, band)
+                if len(model.job(c).workers) <= limit
+            ]
         try:
-            simulated = confirm(model, result.best, timeout=options.sim_timeout)
+            best, score, simulated, count = confirm_best(
+                model, pool, timeout=options.sim_timeout
+            )
+            if best != result.best:
+                chosen = plan_of(best, score)
             chosen = replace(
                 chosen, simulated_samples_per_sec=simulated["samples_per_sec"]
             )
+            if count > 1:
+                note = (
+                    f"the fastest simulated of {count} configurations predicted "
+                    f"within {band:.0%} of the best"
+                )
         except SimGridMissing as exc:
             note = f"not confirmed: {exc}"
         except (TimeoutError, RuntimeError) as exc:
             note = f"not confirmed: the simulation failed: {exc}"
-    elif options.confirm_workers:
+    elif limit:
         note = (
             f"not confirmed: {chosen.workers} workers > --confirm-workers "
             f"{options.confirm_workers}"

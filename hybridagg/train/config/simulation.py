@@ -314,6 +314,11 @@ class PlanOptions(Concern):
     """simulate the chosen plan with SimGrid when it has at most this many
     workers (0: never)"""
 
+    confirm_band: float = option(0.15, at_least=0)
+    """--objective throughput: also simulate the configurations predicted
+    within this share of the best (at most 8; the analytic model's error
+    band) and choose the fastest simulated (0: the best predicted alone)"""
+
     sim_timeout: float = option(600.0, at_least=1)
     """seconds the confirming simulation may run"""
 
