@@ -201,6 +201,23 @@ def test_reinforce_is_within_five_percent_of_exact_and_deterministic():
     assert gap <= 0.05
 
 
+def test_the_ascent_reaches_a_cheaper_mode_the_policy_settled_away_from():
+    # three-speeds-priced at 1,500 samples/s with the 100 MB model: the
+    # cheapest plan is hybrid on 1 fast + 2 slow nodes with 2 servers on
+    # slow nodes (18 per hour); the policy alone settles on sync on 1 fast +
+    # 3 slow (22), and no single change of one decision leads there
+    objective = Objective("cost", 1500.0)
+    space = CostModel(_three_types(), PROFILE).default_space()
+    exact = exact_search(CostModel(_three_types(), PROFILE), space, objective)
+    assert exact.best.mode == "hybrid" and exact.score.cost_per_hour == 18.0
+    for seed in range(5):
+        found = reinforce_search(
+            CostModel(_three_types(), PROFILE), space, objective, seed=seed
+        )
+        assert found.score.cost_per_hour == exact.score.cost_per_hour, seed
+        assert found.score.samples_per_sec >= 1500.0
+
+
 # ------------------------------------------------------------- command line
 def _plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -599,6 +616,13 @@ def test_contenders_are_the_configurations_predicted_within_the_band():
         (found.best, found.score)
     ]
     assert 0 < CONFIRM_BAND < 1 and CONFIRM_MOST >= 2
+    # hybridagg plan's --confirm-band defaults to the planner's band
+    from dataclasses import fields
+
+    from hybridagg.train.config.simulation import PlanConfig
+
+    (band,) = [f.default for f in fields(PlanConfig) if f.name == "confirm_band"]
+    assert band == CONFIRM_BAND
 
 
 def test_the_plan_is_the_fastest_simulated_of_the_contenders(monkeypatch):

@@ -14,11 +14,19 @@ infeasible one: ``throughput``: samples/s over the space's best bound;
 ``cost``: a configuration that meets the rate earns ``1 - cost / max
 cost`` (in ``[0, 1]``), one that does not ``-1 + 0.5 x rate / required``;
 one that does not fit, ``-1``. The answer is the best configuration the
-policy drew, or its greedy choice at the end if better.
+policy drew, or better, found by improving its greedy choice and the best
+draw of each mode one decision at a time on the analytic model
+(:func:`_climb`: coordinate ascent, a policy's answer refined by local
+search). Why: a factored policy settles on one mode early, and the
+cheapest plan of another mode may be a few single changes away from that
+mode's best draw while no single change leads there from the policy's
+answer (three-speeds-priced at 1,500 samples/s: the policy settled on sync
+at 22 per hour; hybrid on fewer nodes costs 18).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .search import Objective, SearchResult, Tracker
@@ -97,6 +105,8 @@ def reinforce_search(
     optimizer = torch.optim.Adam(logits, lr=lr)
     tracker = Tracker(objective)
     before, dropped = model.evaluated, model.memory_dropped
+    # the best draw of each mode (where the ascent starts)
+    drawn: dict[Any, tuple[tuple[float, ...], tuple[Any, ...]]] = {}
 
     for _ in range(rounds):
         # one draw of every decision for the whole batch at once
@@ -118,6 +128,11 @@ def reinforce_search(
             score = model.score(c)
             tracker.offer(c, score)
             rewards.append(_reward(objective, score, scale, max_cost, floor_s))
+            mode = choice[k]
+            if score is not None and (
+                mode not in drawn or objective.key(score) > drawn[mode][0]
+            ):
+                drawn[mode] = (objective.key(score), tuple(choice))
         advantage = torch.tensor(rewards, dtype=torch.float64)
         advantage -= advantage.mean()  # the batch's mean reward as the baseline
         spread = float(advantage.std())
@@ -133,9 +148,71 @@ def reinforce_search(
     greedy = tuple(
         decisions[i][1][int(torch.argmax(lg.detach()))] for i, lg in enumerate(logits)
     )
-    if any(greedy[:k]):
-        c = space.candidate(greedy)
-        tracker.offer(c, model.score(c))
+    for start in (greedy, *(choice for _, choice in drawn.values())):
+        if any(start[:k]):
+            _climb(model, space, objective, decisions, start, tracker)
     return tracker.result(
         model.evaluated - before, 0, "rl", model.memory_dropped - dropped
     )
+
+
+def _climb(
+    model: CostModel,
+    space: Space,
+    objective: Objective,
+    decisions: list[tuple[str, tuple[Any, ...]]],
+    start: tuple[Any, ...],
+    tracker: Tracker,
+    sideways: int = 8,
+) -> None:
+    """Coordinate ascent from the decisions ``start``: change one decision
+    (or two node counts by one step each) to the choice that improves the
+    objective most, until none does; where
+    none improves, step to a configuration scored alike not visited yet (at
+    most ``sideways`` such steps: plans alike in cost and rate differ in
+    what a next change can reach). Every configuration scored is offered to
+    ``tracker``."""
+    k = len(space.nodes)
+
+    def key(choice: tuple[Any, ...]) -> tuple[float, ...]:
+        c = space.candidate(choice)
+        score = model.score(c)
+        tracker.offer(c, score)
+        return (-1.0,) if score is None else objective.key(score)
+
+    def moves(current: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+        for i, (_, choices) in enumerate(decisions):
+            for choice in choices:
+                yield current[:i] + (choice,) + current[i + 1 :]
+        # a node of one type for one of another, or one more (fewer) of two:
+        # one step of two node counts at once
+        for i in range(k):
+            for j in range(i + 1, k):
+                a, b = decisions[i][1], decisions[j][1]
+                x, y = a.index(current[i]), b.index(current[j])
+                for dx, dy in ((-1, 1), (1, -1), (1, 1), (-1, -1)):
+                    if 0 <= x + dx < len(a) and 0 <= y + dy < len(b):
+                        moved = list(current)
+                        moved[i], moved[j] = a[x + dx], b[y + dy]
+                        yield tuple(moved)
+
+    current, best = start, key(start)
+    visited = {space.candidate(start)}
+    while True:
+        step, level = None, None
+        for moved in moves(current):
+            if moved == current or not any(moved[:k]):
+                continue
+            got = key(moved)
+            if got > best:
+                step, best = moved, got
+            elif (
+                got == best and level is None and space.candidate(moved) not in visited
+            ):
+                level = moved
+        if step is None and (level is None or sideways == 0):
+            return
+        if step is None:
+            step, sideways = level, sideways - 1
+        current = step
+        visited.add(space.candidate(current))
