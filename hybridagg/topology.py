@@ -324,6 +324,15 @@ def _validate_groups(groups, num_workers: int, world_size: int) -> None:
         raise ValueError("groups must be ordered by their lowest rank")
 
 
+def _names_a_file(text: str) -> bool:
+    """Whether ``text`` is the path of an existing file (a 1,024-rank spec is
+    longer than a file name may be: the system's refusal means no)."""
+    try:
+        return Path(text).is_file()
+    except OSError:
+        return False
+
+
 def parse_group_spec(spec: str) -> list[list[int]]:
     """Parse an explicit group spec or a JSON file of rank lists.
 
@@ -331,7 +340,7 @@ def parse_group_spec(spec: str) -> list[list[int]]:
         ValueError: Malformed text, an empty group, or a bad JSON file.
     """
     text = spec.strip()
-    if text.endswith(".json") or Path(text).is_file():
+    if text.endswith(".json") or _names_a_file(text):
         path = Path(text)
         try:
             data = json.loads(path.read_text())

@@ -41,6 +41,9 @@ def test_explicit_groups_leaders_and_node_placement():
 
 def test_union_ranges_and_json_file(tmp_path):
     assert parse_group_spec("0-1+4,2-3") == [[0, 1, 4], [2, 3]]
+    # a plan's groups at 1,024 ranks: longer than a file name may be
+    long = ",".join(f"{8 * g}-{8 * g + 7}" for g in range(128))
+    assert parse_group_spec(long) == [list(range(8 * g, 8 * g + 8)) for g in range(128)]
     path = tmp_path / "groups.json"
     path.write_text(json.dumps({"groups": [[2, 3], [0, 1]]}))
     topo = plan(str(path), infos(4), 4)
