@@ -169,9 +169,9 @@ class SimJob:
             apart, a group beginning the next epoch once an update of its
             carried no samples (0: one pool of ``target_samples``, drawn a
             batch at a time).
-        part_bytes: A leader's exchange with a server on another node is cut
-            into parts of at most this many bytes of the server's float32
-            shard (:data:`PS_PART_BYTES`, the run's): the leader sends them
+        part_bytes: A leader's exchange with a server on another host (not
+            a copy on a node of shared cores) is cut into parts of at most
+            this many bytes of the server's float32 shard (:data:`PS_PART_BYTES`, the run's): the leader sends them
             in order, and the server updates and returns each as it arrives,
             so push, update and reply overlap (0: one message each way).
     """
