@@ -501,7 +501,7 @@ def test_plan_flags_are_exactly_the_published_ones():
 
     assert sorted(option_strings(PlanConfig, PLAN_CONCERNS)) == [
         "--batch-choices", "--batch-size", "--classes", "--cluster",
-        "--confirm-workers", "--convergence", "--data", "--eval-every", "--json", "--lr",
+        "--confirm-band", "--confirm-workers", "--convergence", "--data", "--eval-every", "--json", "--lr",
         "--micro-batches", "--min-samples-per-sec", "--model", "--momentum",
         "--objective", "--optimizer", "--out", "--pipelines", "--profile", "--rounds", "--sample-ms",
         "--sample-shape", "--searcher", "--seed", "--sim-timeout", "--slowdown",
