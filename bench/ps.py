@@ -33,6 +33,13 @@ ranks on the file's hosts in order: with
 ``bench/clusters/two-hosts-10g.toml`` and ``--servers 1`` the leader and the
 server are on two hosts, one 10 Gbit/s link apart.
 
+``--busy N`` keeps N processes spinning on this machine's cores while
+every job runs, and marks each record ``busy``: on an emulated cluster the
+kernel carries the links' bytes on the cores the ranks use, so a transfer
+across it slows when they are busy (a link of a real cluster, whose NIC
+moves the bytes, would not). The simulator's calibration leaves such
+records out.
+
 ``--wire bf16`` (or ``fp16``): hybridagg's pushes and pulls travel in that
 type (the raw anchor stays float32: the same model, twice the bytes); each
 latency record carries ``wire`` and ``wire_bytes``, the bytes the client
@@ -42,9 +49,12 @@ posted per push (measured at its sends), half of ``bytes`` on bf16/fp16.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -277,9 +287,18 @@ def main(argv: list[str] | None = None) -> int:
         "hybridagg cluster up): ranks on its hosts in order, the leaders first, "
         "the servers last",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes kept spinning on this machine's cores during every job "
+        "(default 0): how much the transfers depend on the CPU",
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
+    if args.busy < 0:
+        raise SystemExit(f"--busy: a number of processes, 0 or more, got {args.busy}")
     sizes = []
     s = args.min
     while s <= args.max:
@@ -298,6 +317,24 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps([rec]))
         return 0
     return drive(args, sizes)
+
+
+@contextlib.contextmanager
+def spinning(count: int) -> Iterator[list[subprocess.Popen]]:
+    """``count`` processes spinning on this machine's cores until the block
+    ends (``--busy``): the load a transfer meets when ranks compute beside it.
+    Yields the processes."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(count)
+    ]
+    try:
+        yield spinners
+    finally:
+        for proc in spinners:
+            proc.kill()
+        for proc in spinners:
+            proc.wait(timeout=30)
 
 
 def drive(args, sizes) -> int:
@@ -356,15 +393,19 @@ def drive(args, sizes) -> int:
         for i, (nranks, extra) in enumerate(jobs):
             out = Path(tmp) / f"job{i}.json"
             cmd = [sys.executable, str(HERE), *extra, "--out", str(out)]
-            result = runner.run_job(
-                runner.launch_argv(nranks, cmd, cluster=args.cluster),
-                timeout=1800,
-                env=runner.mpiexec_env(),
-            )
+            with spinning(args.busy):
+                result = runner.run_job(
+                    runner.launch_argv(nranks, cmd, cluster=args.cluster),
+                    timeout=1800,
+                    env=runner.mpiexec_env(),
+                )
             if result.returncode != 0 or not out.exists():
                 print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"benchmark job {extra[1]} at {nranks} ranks failed")
-            records += json.loads(out.read_text())
+            records += [
+                {**r, "busy": args.busy} if args.busy else r
+                for r in json.loads(out.read_text())
+            ]
     print_tables(records)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))

@@ -128,6 +128,8 @@ def run(args) -> list[dict]:
     for r in records:
         if r.get("impl") not in ROWS or int(r.get("servers", 1)) != 1:
             continue
+        if r.get("busy"):  # (measured beside spinning processes: not simulated)
+            continue
         what, parts, with_update = ROWS[r["impl"]]
         update = float(r["update_us"]) * 1e-6 if with_update else 0.0
         row = {

@@ -1,5 +1,6 @@
 """The benchmark scripts' pure parts: the headline's summary, the step breakdown."""
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -336,6 +337,31 @@ def test_ps_capacity_runs_each_kernel_at_the_given_model_size(tmp_path, capsys):
     assert "64 KiB" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--kernels"):
         ps.main(["--only", "capacity", "--kernels", "fast"])
+
+
+def test_ps_busy_spins_beside_each_job_and_marks_its_records(tmp_path, monkeypatch):
+    """bench/ps.py --busy N: N spinning processes while each job runs, gone
+    after it, and every record says how many."""
+    ps = load("ps")
+    seen = []
+    real = ps.spinning
+
+    @contextlib.contextmanager
+    def watched(count):
+        with real(count) as spinners:
+            seen.append([proc.poll() for proc in spinners])  # running: None
+            yield spinners
+        seen.append([proc.poll() is not None for proc in spinners])
+
+    monkeypatch.setattr(ps, "spinning", watched)
+    out = tmp_path / "busy.json"
+    argv = ["--only", "latency", "--servers", "1", "--min", "4096", "--max", "4096"]
+    assert ps.main([*argv, "--reps", "2", "--busy", "1", "--json", str(out)]) == 0
+    recs = json.loads(out.read_text())
+    assert recs and all(r["busy"] == 1 for r in recs)
+    assert seen == [[None], [True]]
+    with pytest.raises(SystemExit, match="--busy"):
+        ps.main([*argv, "--busy", "-1"])
 
 
 def test_adaptive_pairs_are_compared_at_equal_training_time(hetero):

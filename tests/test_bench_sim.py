@@ -709,7 +709,10 @@ def test_sim_exchange_simulates_bench_ps_round_trips_across_a_link(
         for impl, us in (("hybridagg-ps", 90_000.0), ("mpi4py-p2p", 130_000.0),
                          ("hybridagg-ps+update", 95_000.0))
     ] + [{"impl": "hybridagg-ps", "servers": 2, "bytes": mib, "median_us": 1.0,
-          "update_us": 1.0}]  # fmt: skip
+          "update_us": 1.0},
+         # (bench/ps.py --busy: beside spinning processes, not simulated)
+         {"impl": "hybridagg-ps", "servers": 1, "bytes": 16 * mib,
+          "median_us": 1.0, "update_us": 1.0, "busy": 1}]  # fmt: skip
     (tmp_path / "ps.json").write_text(json.dumps(ps))
     out = tmp_path / "x.json"
     argv = ["--ps", str(tmp_path / "ps.json"), "--profile", str(tmp_path / "p.json"),
@@ -717,6 +720,7 @@ def test_sim_exchange_simulates_bench_ps_round_trips_across_a_link(
     assert sim_exchange.main(argv) == 0
     rows = {r["impl"]: r for r in json.loads(out.read_text())}
     assert set(rows) == {"hybridagg-ps", "mpi4py-p2p", "hybridagg-ps+update"}
+    assert len(json.loads(out.read_text())) == 3
     # one message each way without an update: two lone flows, in closed form
     # (the fit's latency between the hosts, the file's 10 Gbit/s)
     lone = 2 * (2e-4 + 64 * mib / 1.25e9)

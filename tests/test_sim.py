@@ -609,6 +609,11 @@ def test_calibration_fits_the_microbenchmarks_and_the_profile_keeps_them(tmp_pat
              for b in (4096, 1 << 20, 64 << 20)]
             + [{"impl": "hybridagg-ps", "leaders": 2, "servers": 1,
                 "updates_per_sec": 500.0, "nap_ms": 2.0, "capacity_bytes": 1 << 20}]
+            # bench/ps.py --busy: beside spinning processes, left out
+            + [{"impl": "hybridagg-ps", "ranks": 2, "servers": 1, "bytes": b,
+                "median_us": 3 * trip(b) * 1e6, "update_us": 2 * update(b) * 1e6,
+                "busy": 2}
+               for b in (4096, 1 << 20, 64 << 20)]
         )
     )  # fmt: skip
     profile = calibrate(PROFILE, allreduce_json=[ar, ar4], ps_json=ps)

@@ -215,7 +215,9 @@ def fit_server(
     capacity: list[tuple[float, float, float]] = []
     service: dict[float, list[float]] = {}
     for r in records:
-        if r.get("wire", "fp32") != "fp32":
+        # (bench/ps.py --busy measures the transfers beside spinning
+        # processes: the machine's load, not the server's)
+        if r.get("wire", "fp32") != "fp32" or r.get("busy"):
             continue
         if "updates_per_sec" in r:
             nbytes = float(r.get("capacity_bytes", 2**20))  # (its default)
