@@ -685,6 +685,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         ),
         ("mode", f"{cfg.mode}, {len(job.groups)} group(s)"),
         ("samples/s", f"{prediction.samples_per_sec:.1f}"),
+        (
+            "second half",
+            f"{prediction.steady_samples_per_sec:.1f} samples/s "
+            "(without the first rounds' start-up)",
+        ),
         ("ideal samples/s", f"{prediction.ideal_samples_per_sec:.1f}"),
         (
             "time for the run",
@@ -813,7 +818,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
          + ("" if p.sync_time_to_target_s is None
             else f", {p.sync_time_to_target_s:.1f} s to the target")),
         ("simulated samples/s", note if p.simulated_samples_per_sec is None
-         else f"{p.simulated_samples_per_sec:.1f} (SimGrid"
+         else f"{p.simulated_samples_per_sec:.1f} (SimGrid, the second half of its updates"
          + (f"; {note})" if note else ")")),
         ("cost per hour", f"{p.cost_per_hour:g}"),
         ("train flags", _shorten(" ".join(p.train_args()))),

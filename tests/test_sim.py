@@ -259,6 +259,18 @@ def test_accumulate_fills_the_buckets_in_the_last_pass():
     assert 2 * 32 / estimate(job).samples_per_sec == pytest.approx(expected, rel=1e-9)
 
 
+def test_steady_rate_is_the_second_half_of_the_updates():
+    from hybridagg.sim.engine import steady_rate
+
+    # a slow start (2 s for the first 10 samples), then 10 samples each 0.5 s
+    timeline = [(2.0, 10), (2.5, 20), (3.0, 30), (3.5, 40), (4.0, 50)]
+    assert steady_rate(timeline, 4.0) == pytest.approx(20 / 1.0)  # (3, 30)-(4, 50)
+    # updates after the end (a run stopped at its steps) are left out
+    assert steady_rate(timeline, 3.0) == pytest.approx(10 / 0.5)  # (2.5, 20)-(3, 30)
+    assert steady_rate(timeline[:1], 4.0) is None
+    assert steady_rate([(1.0, 5), (1.0, 10)], 1.0) is None  # no time between
+
+
 @needs_simgrid
 @pytest.mark.parametrize("wire", ["fp32", "bf16"])
 def test_one_server_is_bound_by_its_service_rate(wire):
@@ -280,6 +292,10 @@ def test_one_server_is_bound_by_its_service_rate(wire):
     assert prediction.updates == 400
     assert prediction.time_s == pytest.approx(first + 400 * service, rel=1e-4)
     assert prediction.mean_staleness > 5
+    # the second half of the updates, one sample each, a service apart: the
+    # bound itself, without the first step the whole run's mean carries
+    assert prediction.steady_samples_per_sec == pytest.approx(1 / service, rel=1e-6)
+    assert prediction.samples_per_sec < prediction.steady_samples_per_sec
 
 
 @needs_simgrid

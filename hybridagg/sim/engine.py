@@ -127,6 +127,25 @@ class _State:
     unclaimed: int = 0  # dynamic shares: the run's samples no worker has claimed
     chunks: Chunks | None = None  # dynamic shares by epoch: the chunk counter
     group_times: dict[int, list[float]] = field(default_factory=dict)
+    # (time, samples so far) at each update: the second half's rate
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+
+def steady_rate(timeline: list[tuple[float, int]], end: float) -> float | None:
+    """Samples per second over the second half of the updates made by
+    ``end`` (``timeline``: (time, samples so far) per update, in order),
+    from the time of the middle update to the time of the last; ``None``
+    with fewer than two updates or no time between them.
+
+    The first rounds of a run with many leaders carry a start-up transient
+    (every leader pushes at once, and the servers' queue takes rounds to
+    spread), which a whole run's mean keeps and a long training run does not.
+    """
+    done = [(t, n) for t, n in timeline if t <= end]
+    if len(done) < 2:
+        return None
+    (t0, n0), (t1, n1) = done[(len(done) - 1) // 2], done[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
 
 def _even_bytes(total: float, count: int) -> list[int]:
@@ -356,6 +375,7 @@ class _Sim:
         st, job = self.state, self.job
         st.version += 1
         st.samples += samples
+        st.timeline.append((self.engine.clock, st.samples))
         done = (job.steps is not None and st.version >= job.steps) or (
             job.target_samples is not None and st.samples >= job.target_samples
         )
@@ -1048,11 +1068,14 @@ class _Sim:
                 t for t in st.group_times.get(g, []) if t <= end
             ] or st.group_times.get(g, [])
             per_group.append(times[-1] / len(times) if times else None)
+        whole = samples / end if end > 0 else 0.0
+        steady = steady_rate(st.timeline, end)
         return {
             "time_s": end,
             "updates": updates,
             "samples": samples,
-            "samples_per_sec": samples / end if end > 0 else 0.0,
+            "samples_per_sec": whole,
+            "steady_samples_per_sec": whole if steady is None else steady,
             "ideal_samples_per_sec": job.ideal_samples_per_sec(end),
             "group_update_s": per_group,
             "mean_staleness": (sum(st.staleness) / len(st.staleness))

@@ -8,7 +8,8 @@ when ``adaptive_batch``), ``predicted_samples_per_sec``,
 and servers: ``mpiexec -n``), ``nodes`` used per node type, ``train_args``
 (the same choice as ``hybridagg train`` flags), ``sync_samples_per_sec``
 (the best synchronous all-reduce configuration, for comparison) and, when
-the simulator confirmed it, ``simulated_samples_per_sec``; under
+the simulator confirmed it, ``simulated_samples_per_sec`` (the rate over
+the second half of the simulated updates); under
 ``--objective time``, ``predicted_time_to_target_s`` (and the best sync
 configuration's, ``sync_time_to_target_s``) at the validation cadence of
 the convergence table it used (``eval_every``). A plan with pipelined groups

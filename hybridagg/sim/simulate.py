@@ -34,6 +34,10 @@ class Prediction:
         group_update_s: Mean seconds per update of each group.
         mean_staleness: Mean staleness of the updates (server 0's count).
         wall_s: Seconds the simulation itself took.
+        steady_samples_per_sec: Samples per second over the second half of
+            the updates, without the start-up transient of the first rounds
+            (with many leaders, every one pushing at once); the whole run's
+            mean where there are fewer than two updates.
     """
 
     samples_per_sec: float
@@ -44,6 +48,7 @@ class Prediction:
     group_update_s: tuple[float | None, ...]
     mean_staleness: float
     wall_s: float
+    steady_samples_per_sec: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (``--json``)."""
@@ -56,6 +61,7 @@ class Prediction:
             "group_update_s": list(self.group_update_s),
             "mean_staleness": self.mean_staleness,
             "wall_s": self.wall_s,
+            "steady_samples_per_sec": self.steady_samples_per_sec,
         }
 
 
@@ -99,4 +105,5 @@ def simulate(job: SimJob, *, timeout: float = 600.0) -> Prediction:
         group_update_s=tuple(data["group_update_s"]),
         mean_staleness=data["mean_staleness"],
         wall_s=data["wall_s"],
+        steady_samples_per_sec=data["steady_samples_per_sec"],
     )
