@@ -299,9 +299,11 @@ def test_simscale_servers_options_and_table(simscale):
            "samples_per_sec": 50_000.0, "ideal_samples_per_sec": 128_000.0,
            "wall_s": 2.5}  # fmt: skip
     assert simscale.row(rec)["of_ideal"] == pytest.approx(50 / 128)
-    assert "| 256 | sync | 0 | 50,000 | 128,000 | 0.391 | 2.5 |" in simscale.markdown(
-        [rec]
+    assert "| 256 | sync | 0 | 50,000 | 128,000 | 0.391 | - | 2.5 |" in (
+        simscale.markdown([rec])
     )
+    rec["steady_samples_per_sec"] = 64_000.0  # (hybridagg simulate's second half)
+    assert "| 0.391 | 64,000 (0.500) | 2.5 |" in simscale.markdown([rec])
     with pytest.raises(SystemExit, match="unknown --modes"):
         simscale.main(["--modes", "sync,ring"])
 
@@ -316,6 +318,7 @@ def test_simscale_end_to_end_with_a_plot(simscale, tmp_path):
         (16, "sync"), (16, "hybrid-node"),
     ]  # fmt: skip
     assert all(0 < r["samples_per_sec"] <= r["ideal_samples_per_sec"] for r in recs)
+    assert all(r["steady_samples_per_sec"] > 0 for r in recs)
     assert recs[1]["servers"] == 1 and all(r["wall_s"] > 0 for r in recs)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a simulation past its time is a failed row, not the end of the run

@@ -48,7 +48,7 @@ class Prediction:
     group_update_s: tuple[float | None, ...]
     mean_staleness: float
     wall_s: float
-    steady_samples_per_sec: float = 0.0
+    steady_samples_per_sec: float
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (``--json``)."""
