@@ -171,8 +171,9 @@ class SimJob:
             batch at a time).
         part_bytes: A leader's exchange with a server on another host (not
             a copy on a node of shared cores) is cut into parts of at most
-            this many bytes of the server's float32 shard (:data:`PS_PART_BYTES`, the run's): the leader sends them
-            in order, and the server updates and returns each as it arrives,
+            this many bytes of the server's float32 shard
+            (:data:`PS_PART_BYTES`, the run's): the leader sends them in
+            order, and the server updates and returns each as it arrives,
             so push, update and reply overlap (0: one message each way).
     """
 

@@ -17,8 +17,8 @@ one that does not fit, ``-1``. The answer is the best configuration the
 policy drew, or better, found by improving its greedy choice and the best
 draw of each mode a decision (or two node counts) at a time on the
 analytic model (:func:`_climb`: coordinate ascent, a policy's answer
-refined by local search). Why: a factored policy settles on one mode early, and the
-cheapest plan of another mode may be a few single changes away from that
+refined by local search). Why: a factored policy settles on one mode
+early, and the cheapest plan of another mode may be a few single changes away from that
 mode's best draw while no single change leads there from the policy's
 answer (three-speeds-priced at 1,500 samples/s: the policy settled on sync
 at 22 per hour; hybrid on fewer nodes costs 18).
