@@ -288,7 +288,8 @@ def test_profile_is_calibrated_on_the_microbenchmarks_it_is_given(tmp_path, caps
     assert code == 0
     (net,) = load_profile(fitted).networks
     assert (net.cluster, net.ranks, net.crossings) == ("four-workers-10g", 4, 2)
-    assert 0 < net.core_Bps < 2 * 1.25e9  # the links gave less than 10 Gbit/s
+    # the links gave less than 10 Gbit/s: the machine's cores held them
+    assert net.core_Bps == 0 and net.kernel_Bps > 0
     code = main([*base, "--out", str(fitted), "--calibrate-network", across])
     assert code == 2
     assert "--calibrate-network and --network-cluster go together" in (

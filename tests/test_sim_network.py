@@ -13,6 +13,7 @@ from test_sim_exchange import two_nodes
 from hybridagg.sim import (
     ClusterSpec,
     LinkSpec,
+    MachineSpec,
     NodeType,
     ServerPlacement,
     build_job,
@@ -22,16 +23,19 @@ from hybridagg.sim import (
     simulate,
 )
 from hybridagg.sim.analytic import estimate
-from hybridagg.sim.calibrate import calibrate, fit_network
+from hybridagg.sim.calibrate import calibrate, fit_network, kernel_bandwidth
 from hybridagg.sim.job import calibrated_cluster
 from hybridagg.sim.profile import NetworkFit, profile_from_dict, save_profile
 
 NIC = 1.25e9  # 10 Gbit/s
 
 
-def emulated(name: str = "four", shared: bool = True, core=None) -> ClusterSpec:
+def emulated(
+    name: str = "four", shared: bool = True, core=None, machine=None
+) -> ClusterSpec:
     """Two worker nodes of two ranks and a server node, as the emulated
-    four-workers-10g (``shared``: each node's ranks share one core)."""
+    four-workers-10g (``shared``: each node's ranks share one core;
+    ``machine``: the nodes are namespaces of that machine)."""
     cores = 1 if shared else None
     return ClusterSpec(
         name=name,
@@ -43,6 +47,7 @@ def emulated(name: str = "four", shared: bool = True, core=None) -> ClusterSpec:
         inter_node=LinkSpec(NIC, 5e-5),
         servers=ServerPlacement(("ps",), 1),
         core=core,
+        machine=machine,
     )
 
 
@@ -79,7 +84,95 @@ def test_a_core_switch_is_read_from_the_cluster_file_and_checked(tmp_path):
             load_cluster(path)
 
 
+def test_the_machine_of_namespaces_is_read_from_the_cluster_file_and_checked(
+    tmp_path,
+):
+    text = (
+        "name: c\nlinks:\n  intra_node: {bandwidth: 5GB/s}\n"
+        "  inter_node: {bandwidth: 10Gb/s, latency: 50us}\n"
+        "node_types:\n  - {name: n, count: 2, devices: 2, cores: 1}\n{machine}"
+    )
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("{machine}", ""))
+    assert load_cluster(path).machine is None
+    path.write_text(
+        text.replace("{machine}", "machine: {cores: 2, kernel_bandwidth: 8Gb/s}\n")
+    )
+    assert load_cluster(path).machine == MachineSpec(cores=2, kernel_bandwidth=1e9)
+    for bad, message in (
+        ("machine: {cores: 0, kernel_bandwidth: 1GB/s}", "machine.cores.*>= 1"),
+        ("machine: {cores: 2}", "machine.kernel_bandwidth: missing"),
+        ("machine: {cores: 2, kernel_bandwidth: 0GB/s}", "machine.kernel_bandwidth"),
+        ("machine: {cores: 2, kernel_bandwidth: 1GB/s, numa: 2}", "machine.*numa"),
+        ("machine: 2", "machine.*mapping"),
+    ):
+        path.write_text(text.replace("{machine}", bad + "\n"))
+        with pytest.raises(ValueError, match=message):
+            load_cluster(path)
+    # namespaces share the machine's cores: a node of devices of its own is not one
+    path.write_text(
+        text.replace("cores: 1}", "}").replace(
+            "{machine}", "machine: {cores: 2, kernel_bandwidth: 1GB/s}\n"
+        )
+    )
+    with pytest.raises(ValueError, match="every node type needs cores .not n."):
+        load_cluster(path)
+    four = load_cluster("examples/clusters/four-workers-10g.yaml")
+    assert four.machine is not None and four.machine.cores == 2
+
+
 # ------------------------------------------------------------- the simulator
+def namespaces(cores: int, kernel: float) -> ClusterSpec:
+    """Two namespaces of one rank each on a machine of ``cores`` cores."""
+    return ClusterSpec(
+        name="t",
+        node_types=(NodeType(name="g", count=2, devices=1, cores=1),),
+        intra_node=LinkSpec(1e10, 1e-5),
+        inter_node=LinkSpec(1e9, 5e-5),
+        servers=ServerPlacement(("g",), 1),
+        machine=MachineSpec(cores=cores, kernel_bandwidth=kernel),
+    )
+
+
+@needs_simgrid
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_a_ring_across_namespaces_shares_the_machines_cores(cores):
+    # 2 ranks in 2 namespaces: the ring moves the gradient both ways at
+    # once (its 2 phases as one message, the second phase's latency after
+    # it); each message costs bytes/kernel on a core at each end beside its
+    # flow (1 GB/s, 50 us), so 4 such works share the machine's cores:
+    # CPU-bound below 4 cores, a core each from 4
+    kernel, nbytes, hop = 5e8, 1e8, 5e-5
+    job = build_job(options(steps=3), namespaces(cores, kernel), PROFILE)
+    compute = 32 * 0.003 * max(1.0, 2 / cores)  # both ranks compute on the cores
+    ring = max(hop + nbytes / 1e9, nbytes / kernel * max(1.0, 4 / cores)) + hop
+    step = compute + ring
+    assert simulate(job).time_s == pytest.approx(3 * step, rel=1e-6)
+    # the analytic model: the ring at the kernel's rate where one end's
+    # core bounds it, and the cores' demand per second kept within them
+    assert estimate(job).samples_per_sec == pytest.approx(64 / step, rel=1e-3)
+
+
+@needs_simgrid
+def test_a_fitted_kernel_gives_back_the_ring_it_was_fitted_on():
+    # the four-worker emulated cluster as one 2-core machine's namespaces:
+    # the ring measured across it (links at 0.6 GB/s) is fitted as the
+    # kernel's rate, and the simulator then reduces as fast as it measured
+    machine = MachineSpec(cores=2, kernel_bandwidth=1e9)
+    cluster = emulated(machine=machine)
+    fit = fit_network(ring_records(4, 5e-4, 6e8), cluster)
+    assert fit.core_Bps == 0
+    assert fit.kernel_Bps == pytest.approx(
+        kernel_bandwidth(6e8, ranks=4, crossings=2, cores=2, copy_Bps=5e9)
+    )
+    profile = replace(PROFILE, networks=(fit,), forward_s_per_sample=1e-9,
+                      backward_s_per_sample=1e-9)  # fmt: skip
+    job = build_job(options(steps=2), cluster, profile)
+    ring = ring_allreduce_seconds(4, 1e8, 6e8, 5e-4)
+    # (the latency hides under the cores' work: within 2%)
+    assert simulate(job).time_s == pytest.approx(2 * ring, rel=0.02)
+
+
 @needs_simgrid
 @pytest.mark.parametrize("core", [None, 5e9, 6e8])
 def test_a_ring_across_nodes_shares_the_core_switch(core):
@@ -139,6 +232,15 @@ def test_fit_network_recovers_the_latency_and_the_core(shared):
     assert [p[0] for p in fit.points] == [4096, 1 << 20, 16 << 20, 64 << 20]
     # links at their nominal rate: nothing else held them, no core
     assert fit_network(ring_records(4, 5e-5, NIC), cluster).core_Bps == 0.0
+
+
+def test_kernel_bandwidth_solves_the_rings_phase_on_the_cores():
+    # 4 ranks, 2 links between namespaces: per byte of a phase, 2 x 2 ends
+    # at the kernel's rate and 2 copies at 5 GB/s fill 2 cores for 1/0.6 ns
+    kernel = kernel_bandwidth(6e8, ranks=4, crossings=2, cores=2, copy_Bps=5e9)
+    assert 4 / kernel + 2 / 5e9 == pytest.approx(2 / 6e8)
+    # copies alone would take longer than the phase did: no kernel cost fitted
+    assert kernel_bandwidth(6e8, ranks=4, crossings=2, cores=2, copy_Bps=5e8) == 0.0
 
 
 def test_fit_network_refuses_what_measured_no_link_between_nodes():

@@ -22,7 +22,14 @@ Pure logic apart from :mod:`.engine`, which needs SimGrid (``make simgrid``;
 
 from .analytic import Estimate, estimate
 from .calibrate import calibrate
-from .cluster import ClusterSpec, LinkSpec, NodeType, ServerPlacement, load_cluster
+from .cluster import (
+    ClusterSpec,
+    LinkSpec,
+    MachineSpec,
+    NodeType,
+    ServerPlacement,
+    load_cluster,
+)
 from .convergence import ConvergenceTable, load_convergence
 from .job import SimJob, build_job, machine_cluster, ring_allreduce_seconds
 from .planfile import Plan, load_plan
@@ -38,6 +45,7 @@ __all__ = [
     "CostModel",
     "Estimate",
     "LinkSpec",
+    "MachineSpec",
     "NodeType",
     "Objective",
     "Plan",

@@ -130,6 +130,8 @@ def _share(job: SimJob, node: int, ranks_on_node: dict[int, int]) -> float:
     n = job.nodes[node]
     if not n["shared"]:
         return 1.0
+    if job.machine:  # (namespaces of one machine: every rank shares its cores)
+        return max(1.0, len(job.workers) / int(job.machine["cores"]))
     return max(1.0, ranks_on_node.get(node, 0) / int(n["cores"]))
 
 
@@ -156,6 +158,7 @@ def _hops(
             leaving[a] = leaving.get(a, 0) + 1
             entering[b] = entering.get(b, 0) + 1
     crossing = sum(leaving.values())
+    cpu = _machine_byte_seconds(job, nodes, pairs, crossing)
     out = []
     for i, j in pairs:
         a, b = nodes[i], nodes[j]
@@ -164,8 +167,28 @@ def _hops(
             bw /= max(leaving.get(a, 1), entering.get(b, 1))
             if job.core is not None:  # every crossing shares the core switch
                 bw = min(bw, float(job.core["bandwidth"]) / crossing)
+        if cpu:  # (the machine's cores: copies too, so no stretch on top)
+            bw, copy = min(bw, 1.0 / cpu), False
         out.append((bw, lat, copy))
     return out
+
+
+def _machine_byte_seconds(
+    job: SimJob, nodes: list[int], pairs: list[tuple[int, int]], crossing: int
+) -> float:
+    """On one machine's namespaces, the seconds per byte of each of the
+    hops ``pairs`` moving at once on its cores: a hop between namespaces
+    costs a core at each end (``1/kernel_Bps`` a byte each), one inside a
+    namespace a copy; each work has at most one core (0: no machine)."""
+    if not job.machine:
+        return 0.0
+    kernel = float(job.machine["kernel_Bps"])
+    copies = [float(job.nodes[nodes[i]]["memcpy_Bps"]) for i, j in pairs
+              if nodes[i] == nodes[j]]  # fmt: skip
+    works = 2 * crossing + len(copies)
+    total = 2 * crossing / kernel + sum(1.0 / c for c in copies)
+    alone = max([1.0 / kernel] * (crossing > 0) + [1.0 / c for c in copies])
+    return max(alone, total / min(works, int(job.machine["cores"])) if works else 0.0)
 
 
 def _compute_and_ready(
@@ -765,10 +788,39 @@ def _server_copy_seconds(job: SimJob, server: dict) -> float:
     return local / len(job.groups) * (lat + shard / bw)
 
 
+MACHINE = -1
+""":func:`_core_work`'s key for the machine whose namespaces the nodes are."""
+
+
 def _core_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
     """Per node of shared cores: each group's core-seconds there per update
     (compute that executes, ring and broadcast hops as copies, the leader's
-    pushes and replies to servers on the node as copies, the servers' updates)."""
+    pushes and replies to servers on the node as copies, the servers' updates).
+    On one machine's namespaces (``job.machine``) the nodes' work is the
+    machine's (key :data:`MACHINE`), with the kernel's at both ends of each
+    message between nodes: ring and broadcast hops, pushes and replies."""
+    work = _node_work(job, update)
+    if not job.machine:
+        return work
+    kernel = 2.0 / float(job.machine["kernel_Bps"])  # core-seconds per byte
+    k = len(job.servers)
+    pooled = [sum(per[i] for per in work.values()) for i in range(len(job.groups))]
+    for index, g in enumerate(job.groups):
+        size = len(g)
+        if job.pipeline_of(index) is None and size > 1:
+            for i, r in enumerate(g):
+                if job.workers[r]["node"] == job.workers[g[(i + 1) % size]]["node"]:
+                    continue
+                pooled[index] += kernel * 2 * (size - 1) / size * job.grad_bytes
+                pooled[index] += kernel * job.grad_bytes if i < size - 1 else 0.0
+        for node, nbytes in _senders(job, g):
+            away = sum(1 for s in job.servers if s["node"] != node)
+            pooled[index] += kernel * 2 * nbytes / k * away  # push and reply
+    return {MACHINE: pooled}
+
+
+def _node_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
+    """:func:`_core_work` node by node (no kernel work)."""
     work: dict[int, list[float]] = {}
     k = len(job.servers)
     for n, node in enumerate(job.nodes):
@@ -817,7 +869,7 @@ def _cores_wait(job: SimJob, cycles: list[float], update: list[float]) -> float:
     groups' core-seconds per second there at most ``cores`` (0 if they fit)."""
     worst = 0.0
     for n, per_group in _core_work(job, update).items():
-        cores = float(job.nodes[n]["cores"])
+        cores = float(job.machine["cores"] if n == MACHINE else job.nodes[n]["cores"])
         if sum(w / c for w, c in zip(per_group, cycles, strict=True)) <= cores:
             continue
         low, high = 0.0, sum(per_group) / cores

@@ -37,7 +37,14 @@ from typing import Any
 from .cluster import ClusterSpec
 from .profile import AllreduceFit, NetworkFit, Profile, ServerFit
 
-__all__ = ["calibrate", "fit_allreduce", "fit_line", "fit_network", "fit_server"]
+__all__ = [
+    "calibrate",
+    "fit_allreduce",
+    "fit_line",
+    "fit_network",
+    "fit_server",
+    "kernel_bandwidth",
+]
 
 NOMINAL = 0.98
 """A ring whose links between nodes delivered at least this share of their
@@ -156,7 +163,9 @@ def fit_network(
     latency between nodes. Each of the ring's links between nodes carries
     ``2(n-1)/n`` of the bytes at the fitted bandwidth; below the nodes'
     nominal link rate (:data:`NOMINAL`), they were held by what they all
-    cross, and the core's bandwidth is their count times it.
+    cross: the core's bandwidth is their count times it, or on a cluster of
+    one machine's namespaces (its ``machine``) that machine's cores, whose
+    kernel rate :func:`kernel_bandwidth` solves for.
 
     Raises:
         ValueError: No usable record, more ranks than the cluster's devices,
@@ -187,9 +196,18 @@ def fit_network(
     nominal = cluster.inter_node.bandwidth
     if not node_type.shared_cores:
         nominal = min(nominal, cluster.intra_link(node_type).bandwidth)
-    core = (
-        crossings * fit.bandwidth_Bps if fit.bandwidth_Bps < NOMINAL * nominal else 0.0
-    )
+    held = fit.bandwidth_Bps < NOMINAL * nominal
+    core = kernel = 0.0
+    if held and cluster.machine is not None:
+        kernel = kernel_bandwidth(
+            fit.bandwidth_Bps,
+            ranks=fit.ranks,
+            crossings=crossings,
+            cores=cluster.machine.cores,
+            copy_Bps=cluster.intra_link(node_type).bandwidth,
+        )
+    elif held:
+        core = crossings * fit.bandwidth_Bps
     return NetworkFit(
         cluster=cluster.name,
         latency_s=max(0.0, fit.latency_s - own),
@@ -197,7 +215,25 @@ def fit_network(
         ranks=fit.ranks,
         crossings=crossings,
         points=fit.points,
+        kernel_Bps=kernel,
     )
+
+
+def kernel_bandwidth(
+    link_Bps: float, *, ranks: int, crossings: int, cores: int, copy_Bps: float
+) -> float:
+    """A core's rate of moving bytes between namespaces at each end of a
+    message, from a ring all-reduce across the namespaces of one machine
+    whose links carried ``link_Bps`` each (0: the copies alone explain it).
+
+    In each of the ring's phases every link moves the same bytes ``s`` at
+    once, and they all share the machine's cores: ``crossings`` links
+    between namespaces cost ``s / kernel`` at each end, the others a copy
+    ``s / copy_Bps``. The cores bound the phase: ``(2 crossings / kernel +
+    (ranks - crossings) / copy_Bps) s = cores s / link_Bps``.
+    """
+    rest = cores / link_Bps - (ranks - crossings) / copy_Bps
+    return 2 * crossings / rest if rest > 0 else 0.0
 
 
 def fit_server(

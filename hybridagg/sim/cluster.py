@@ -25,6 +25,14 @@ most ``per_node`` on a node, taken from the last such node backwards; a
 server on a node of devices gets a core of its own (``server_speed`` times
 the profiled server), on a node of shared cores it shares them.
 
+``machine: {cores: C, kernel_bandwidth: B}`` says the nodes are not
+machines but network namespaces of one machine of ``C`` cores (hybridagg's
+emulated clusters, ``hybridagg cluster up``): everything every node
+executes shares those cores, and so does the kernel's work of moving a
+message between namespaces, ``B`` bytes per second on one core at each end
+(sender and receiver), beside the shaped links. Every node type must then
+have ``cores``.
+
 Ranks are numbered as the file lists the devices: node types in order, each
 type's nodes in order, each node's devices in order; the servers follow the
 workers (hybridagg's rule: the servers are the last ranks).
@@ -42,7 +50,14 @@ from typing import Any
 from ..runtime.extras import require
 from .units import parse_bandwidth, parse_seconds, parse_size
 
-__all__ = ["ClusterSpec", "LinkSpec", "NodeType", "ServerPlacement", "load_cluster"]
+__all__ = [
+    "ClusterSpec",
+    "LinkSpec",
+    "MachineSpec",
+    "NodeType",
+    "ServerPlacement",
+    "load_cluster",
+]
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,33 @@ class NodeType:
 
 
 @dataclass(frozen=True)
+class MachineSpec:
+    """The one machine whose network namespaces an emulated cluster's nodes are."""
+
+    cores: int
+    """the machine's cores, shared by everything every node executes"""
+    kernel_bandwidth: float
+    """bytes per second one core moves between namespaces at each end of a
+    message (the kernel's copies and forwarding; calibrated by
+    ``bench/allreduce.py`` across the cluster, see
+    :func:`hybridagg.sim.calibrate.fit_network`)"""
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.cores, bool)
+            or not isinstance(self.cores, int)
+            or self.cores < 1
+        ):
+            raise ValueError(
+                f"machine: cores must be an integer >= 1, got {self.cores!r}"
+            )
+        if not (math.isfinite(self.kernel_bandwidth) and self.kernel_bandwidth > 0):
+            raise ValueError(
+                f"machine: kernel_bandwidth must be positive, got {self.kernel_bandwidth!r}"
+            )
+
+
+@dataclass(frozen=True)
 class ServerPlacement:
     """Where parameter servers may run."""
 
@@ -138,6 +180,9 @@ class ClusterSpec:
     shared by all of them whichever way they go (a cluster's bisection
     bandwidth; an emulated cluster's kernel forwarding on shared cores);
     ``None``: it never limits"""
+    machine: MachineSpec | None = None
+    """the machine whose namespaces the nodes are (an emulated cluster);
+    ``None``: the nodes are machines"""
     source: str = field(default="", compare=False)
     """the file it came from (for messages)"""
 
@@ -160,6 +205,12 @@ class ClusterSpec:
             )
         if self.servers.per_node < 1:
             raise ValueError(f"{self._where}servers.per_node must be >= 1")
+        own = [t.name for t in self.node_types if not t.shared_cores]
+        if self.machine is not None and own:
+            raise ValueError(
+                f"{self._where}machine: the nodes are namespaces sharing its "
+                f"cores, so every node type needs cores (not {', '.join(own)})"
+            )
 
     @property
     def _where(self) -> str:
@@ -405,6 +456,19 @@ def load_cluster(path: str | Path) -> ClusterSpec:
             node_types=tuple(where), per_node=s.integer("per_node", 1)
         )
         s.done()
+    machine_data = top.get("machine")
+    machine = None
+    if machine_data is not None:
+        m = _Fields(machine_data, "machine", path)
+        machine = MachineSpec(
+            cores=m.integer("cores", required=True),
+            kernel_bandwidth=m.convert(
+                "kernel_bandwidth",
+                lambda v: parse_bandwidth(v, "kernel_bandwidth"),
+                required=True,
+            ),
+        )
+        m.done()
     top.done()
     try:
         return ClusterSpec(
@@ -414,6 +478,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
             inter_node=inter,
             servers=placement,
             core=core,
+            machine=machine,
             source=str(path),
         )
     except ValueError as exc:

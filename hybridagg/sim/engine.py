@@ -248,6 +248,12 @@ class _Sim:
                 self._link(zone, f"sl{s}", node["intra"]),
             )
             self.server_host.append(host)
+        # namespaces of one machine: what they execute runs on its cores
+        self.machine = None
+        if job.machine:
+            self.machine = zone.create_host("machine", 1.0)
+            self.machine.core_count = int(job.machine["cores"])
+            self.machine.seal()
         zone.seal()
         self.host_node = {}
         for r, w in enumerate(job.workers):
@@ -341,7 +347,10 @@ class _Sim:
         """
         sg = self.sg
         if a.name != b.name:
+            kernel = self._kernel(nbytes)
             sg.Comm.sendto_async(a, b, round(nbytes)).wait()
+            for actor in kernel:
+                actor.join()
             return
         node = self._shared_node(a)
         if node is None:
@@ -354,7 +363,45 @@ class _Sim:
         )
         if latency > 0:
             sg.this_actor.sleep_for(float(latency))
-        sg.this_actor.exec_async(nbytes / float(bandwidth) * a.speed).wait()
+        self._execute(nbytes / float(bandwidth) * a.speed)
+
+    def _kernel(self, nbytes: float) -> list:
+        """On one machine's namespaces, the kernel's work of moving
+        ``nbytes`` between two of them: ``bytes / kernel_Bps`` on a core at
+        each end, started now (join them); elsewhere none (a NIC moves the
+        bytes)."""
+        if self.machine is None or nbytes <= 0:
+            return []
+        seconds = nbytes / float(self.job.machine["kernel_Bps"])
+        return [self._on_machine(seconds), self._on_machine(seconds)]
+
+    def _on_machine(self, seconds: float):
+        """An actor that executes ``seconds`` on the machine's cores (SimGrid
+        3.32's Python binding hangs on an execution moved to another host,
+        so an actor of its own runs it there)."""
+        return self.sg.Actor.create("cpu", self.machine, self._cpu, seconds)
+
+    def _cpu(self, seconds: float) -> None:
+        self.sg.Actor.self().daemonize()
+        self.sg.this_actor.exec_async(seconds).wait()
+
+    def _post(self, box, payload: Any, nbytes: float, src, dst):
+        """Send ``payload`` carrying ``nbytes`` from host ``src`` to ``box``,
+        whose receiver is on ``dst``, without waiting: a message, or between
+        namespaces of one machine a courier on ``dst`` that moves the bytes
+        (:meth:`transfer`: the flow and the kernel's work) and then posts
+        the payload there. Returns the courier (``None``: a message)."""
+        if self.machine is None or src.name == dst.name or nbytes <= 0:
+            box.put_init(payload, round(nbytes)).detach()
+            return None
+        return self.sg.Actor.create(
+            "courier", dst, self._courier, box, payload, nbytes, src, dst
+        )
+
+    def _courier(self, box, payload: Any, nbytes: float, src, dst) -> None:
+        self.sg.Actor.self().daemonize()
+        self.transfer(src, dst, nbytes)
+        box.put_init(payload, 0).detach()
 
     def _ring_latency(self, ranks: list[int], closed: bool) -> float:
         """The largest latency of the ring (``closed``) or chain over ``ranks``
@@ -581,16 +628,20 @@ class _Sim:
     def _scatter(self, host, nbytes: float, *, to_servers: bool) -> None:
         """``nbytes`` between ``host`` and every server at once (flows; a
         server on ``host``'s node of shared cores: a copy)."""
-        flows = []
+        flows, kernel = [], []
         for server in self.server_host:
             if server.name == host.name:
                 self.transfer(host, server, nbytes, server=True)
-            elif to_servers:
+                continue
+            kernel += self._kernel(nbytes)
+            if to_servers:
                 flows.append(self.sg.Comm.sendto_async(host, server, round(nbytes)))
             else:
                 flows.append(self.sg.Comm.sendto_async(server, host, round(nbytes)))
         for flow in flows:
             flow.wait()
+        for actor in kernel:
+            actor.join()
 
     def _validate(self, host) -> None:
         """Rank 0 validates once an ``--eval-every`` boundary of the updates
@@ -625,8 +676,9 @@ class _Sim:
         # to rank 0 on this node of shared cores a notice: it copies the
         # weights in itself (:meth:`_validate`)
         part = job.master_bytes / count
-        size = 0 if self.worker_host[0].name == host.name else part
-        self.sg.Mailbox.by_name("pull").put_init(PULL, round(size)).detach()
+        rank0 = self.worker_host[0]
+        size = 0 if rank0.name == host.name else part
+        self._post(self.sg.Mailbox.by_name("pull"), PULL, size, host, rank0)
 
     # ----------------------------------------------------- the reduction
     def ring(self, group: int, position: int) -> None:
@@ -778,9 +830,14 @@ class _Sim:
             done.release()
 
     def _execute(self, amount: float) -> None:
-        """Work on this actor's host (``amount``: seconds at speed 1)."""
-        if amount > 0:
+        """Work on this actor's host (``amount``: seconds at speed 1), or on
+        one machine's namespaces on that machine's cores."""
+        if amount <= 0:
+            return
+        if self.machine is None:
             self.sg.this_actor.exec_async(amount).wait()
+            return
+        self._on_machine(amount / self.sg.this_actor.get_host().speed).join()
 
     def _compute(self, rank: int, samples: int, releases: int) -> None:
         """A worker's compute of ``samples``, handing bucket ``b`` to its
@@ -863,7 +920,7 @@ class _Sim:
             # message on shared memory)
             size = 0 if server.name == host.name else shard
             box = sg.Mailbox.by_name(f"server{s}")
-            box.put_init((*head, 0, 1), round(size)).detach()
+            self._post(box, (*head, 0, 1), size, host, server)
         if max(self.parts[group], default=1) > 1:
             shared["outbox"].put_init(head, 0).detach()
         shared["pending"] = True
@@ -888,6 +945,24 @@ class _Sim:
         targets = [s for s, count in enumerate(self.parts[group]) if count > 1]
         sizes = self.part_sizes[group]
         boxes = [sg.Mailbox.by_name(f"server{s}") for s in targets]
+        host = self.worker_host[self.job.groups[group][0]]
+        if self.machine is not None:  # (couriers carry the parts: see _post)
+            while True:
+                head = outbox.get()
+                for part, size in enumerate(sizes):
+                    couriers = [
+                        self._post(
+                            sg.Mailbox.by_name(f"server{s}"),
+                            (*head, part, len(sizes)),
+                            size,
+                            host,
+                            self.server_host[s],
+                        )
+                        for s in targets
+                    ]
+                    for courier in couriers:
+                        if courier is not None:
+                            courier.join()
         while True:
             head = outbox.get()
             for part, size in enumerate(sizes):
@@ -926,7 +1001,7 @@ class _Sim:
             seconds = master / parts * job.server_byte_s
             if part == 0:
                 seconds += job.server_update_s
-            sg.this_actor.exec_async(seconds * host.speed / speed).wait()
+            self._execute(seconds * host.speed / speed)
             if part == 0:
                 if index == 0:
                     st.staleness.append(version - pulled)
@@ -959,7 +1034,7 @@ class _Sim:
         if leader_host.name == self.server_host[index].name:
             size = 0
         box = self.groups_shared[group]["mailbox"]
-        box.put_init((version, units), round(size)).detach()
+        self._post(box, (version, units), size, self.server_host[index], leader_host)
 
     def _replies(self, group: int, host) -> int:
         """The leader of ``group`` (on ``host``) takes every server's reply,

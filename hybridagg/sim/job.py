@@ -96,6 +96,10 @@ class SimJob:
         core: The core switch every message between nodes crosses (bandwidth,
             latency), its bandwidth shared by all of them in each direction;
             ``None``: it never limits.
+        machine: The nodes as namespaces of one machine (``cores``,
+            ``kernel_Bps``): what every node executes shares its cores, and
+            a message between nodes also costs ``bytes / kernel_Bps`` of a
+            core at each end; ``None``: the nodes are machines.
         workers: Per worker rank: ``node``, ``device`` (index on the node),
             ``seconds_per_sample`` (at speed 1 of its host: the amount an
             execution carries), ``batch``; its own work besides compute and
@@ -209,6 +213,7 @@ class SimJob:
     pipelines: list[Any] = field(default_factory=list)
     core: dict[str, float] | None = None
     part_bytes: float = 0.0
+    machine: dict[str, float] | None = None
 
     def pipeline_of(self, group: int) -> dict[str, Any] | None:
         """``group``'s pipeline (``None``: its ranks each hold a whole replica)."""
@@ -288,10 +293,13 @@ class SimJob:
         total = 0.0
         for n, rate in rates.items():
             node = self.nodes[n]
-            if node["shared"] and not self.sleep_compute:
+            if node["shared"] and not self.sleep_compute and not self.machine:
                 # ranks that execute share the node's cores
                 rate *= min(1.0, node["cores"] / counts[n])
             total += rate
+        if self.machine and not self.sleep_compute:
+            # (namespaces of one machine: every rank shares its cores)
+            total *= min(1.0, self.machine["cores"] / len(self.workers))
         return total
 
     def ideal_samples_per_sec(self, wall_s: float = 0.0) -> float:
@@ -344,15 +352,18 @@ def calibrated_cluster(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     """``cluster`` with its links between nodes as the profile calibrated
     them on this cluster (:class:`~.profile.NetworkFit`, by the cluster's
     name): the fitted latency between nodes, and the fitted core bandwidth
-    (the cluster file's own ``core`` where the fit found none)."""
+    (the cluster file's own ``core`` where the fit found none) or, on one
+    machine's namespaces, the fitted kernel rate."""
     fit = profile.network_for(cluster.name)
     if fit is None:
         return cluster
     inter = LinkSpec(bandwidth=cluster.inter_node.bandwidth, latency=fit.latency_s)
-    core = cluster.core
+    core, machine = cluster.core, cluster.machine
     if fit.core_Bps > 0:
         core = LinkSpec(bandwidth=fit.core_Bps, latency=core.latency if core else 0.0)
-    return replace(cluster, inter_node=inter, core=core)
+    if machine is not None and fit.kernel_Bps > 0:
+        machine = replace(machine, kernel_bandwidth=fit.kernel_Bps)
+    return replace(cluster, inter_node=inter, core=core, machine=machine)
 
 
 def _server_nodes(
@@ -482,6 +493,14 @@ def build_job(
             else {"bandwidth": cluster.core.bandwidth, "latency": cluster.core.latency}
         ),
         "part_bytes": PS_PART_BYTES,
+        "machine": (
+            None
+            if cluster.machine is None
+            else {
+                "cores": cluster.machine.cores,
+                "kernel_Bps": cluster.machine.kernel_bandwidth,
+            }
+        ),
         "workers": workers,
         "groups": [],
         "servers": [],

@@ -152,6 +152,10 @@ class NetworkFit:
     """how many of the ring's links cross between nodes"""
     points: tuple[tuple[float, float], ...] = ()
     """the measured (bytes, seconds) it was fitted on"""
+    kernel_Bps: float = 0.0
+    """on a cluster of namespaces of one machine (the cluster file's
+    ``machine``): the bytes per second one core moves at each end of a
+    message between namespaces, in place of ``core_Bps`` (0: not fitted)"""
 
 
 @dataclass(frozen=True)
@@ -369,6 +373,9 @@ def _networks(data: Any, where: str) -> tuple[NetworkFit, ...]:
                     fw, "latency_s", _need(fit, "latency_s", fw), zero=True
                 ),
                 core_Bps=_check(fw, "core_Bps", _need(fit, "core_Bps", fw), zero=True),
+                kernel_Bps=_check(
+                    fw, "kernel_Bps", fit.get("kernel_Bps", 0.0), zero=True
+                ),
                 points=_points(fw, fit.get("points", [])),
                 **counts,
             )

@@ -3,7 +3,9 @@
 The engine's platform (:mod:`.engine`) in closed form: each link carries
 half its latency, a node of shared cores is one host on its NIC, and its
 internal messages are memory copies; a message between nodes also crosses
-the core switch when the cluster has one that limits. The analytic model and the pipelined
+the core switch when the cluster has one that limits, and between
+namespaces of one machine it moves no faster than the kernel's rate on a
+core. The analytic model and the pipelined
 groups' cut read the same routes.
 """
 
@@ -41,6 +43,8 @@ def link_between(job: SimJob, a_node: int, b_node: int) -> tuple[float, float, b
         return float(node["intra"]["bandwidth"]), float(node["intra"]["latency"]), False
     (bw_a, lat_a), (bw_b, lat_b) = up_link(job, a_node), up_link(job, b_node)
     bandwidth, latency = min(bw_a, bw_b), lat_a + lat_b
+    if job.machine:  # (namespaces of one machine: a core at each end moves it)
+        bandwidth = min(bandwidth, float(job.machine["kernel_Bps"]))
     if job.core is not None:  # (the core switch: a lone message has it all)
         bandwidth = min(bandwidth, float(job.core["bandwidth"]))
         latency += float(job.core["latency"])
