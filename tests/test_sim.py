@@ -717,11 +717,8 @@ def test_analytic_tracks_leaders_in_convoy_on_a_saturated_server_link():
     # four async leaders push 100 MB through one 10 Gbit/s server link:
     # fair sharing ends their pushes together, so the link idles while the
     # server updates and the leaders compute (the link's bound alone,
-    # 400 samples/s, overestimated SimGrid by 41%). (As machines: on one
-    # machine's namespaces its 2 cores, not the link, bound the exchange.)
-    cluster = replace(
-        load_cluster("examples/clusters/four-workers-10g.yaml"), machine=None
-    )
+    # 400 samples/s, overestimated SimGrid by 41%)
+    cluster = load_cluster("examples/clusters/four-workers-10g.yaml")
     job = build_job(
         options(mode="async", servers=1, steps=60, sample_ms=2.0), cluster, PACED
     )

@@ -24,7 +24,6 @@ from hybridagg.sim import (
 )
 from hybridagg.sim.analytic import estimate
 from hybridagg.sim.calibrate import calibrate, fit_network, kernel_bandwidth
-from hybridagg.sim.cores import shared_seconds
 from hybridagg.sim.job import calibrated_cluster
 from hybridagg.sim.profile import NetworkFit, profile_from_dict, save_profile
 
@@ -116,7 +115,7 @@ def test_the_machine_of_namespaces_is_read_from_the_cluster_file_and_checked(
             "{machine}", "machine: {cores: 2, kernel_bandwidth: 1GB/s}\n"
         )
     )
-    with pytest.raises(ValueError, match=r"every node type needs cores \(not n\)"):
+    with pytest.raises(ValueError, match="every node type needs cores .not n."):
         load_cluster(path)
     four = load_cluster("examples/clusters/four-workers-10g.yaml")
     assert four.machine is not None and four.machine.cores == 2
@@ -136,54 +135,22 @@ def namespaces(cores: int, kernel: float) -> ClusterSpec:
 
 
 @needs_simgrid
-@pytest.mark.parametrize("cores", [1, 2, 6, 8])
+@pytest.mark.parametrize("cores", [1, 2, 8])
 def test_a_ring_across_namespaces_shares_the_machines_cores(cores):
     # 2 ranks in 2 namespaces: the ring moves the gradient both ways at
     # once (its 2 phases as one message, the second phase's latency after
     # it); each message costs bytes/kernel on a core at each end beside its
-    # flow (1 GB/s, 50 us), and both ranks poll meanwhile: 6 works share the
-    # machine's cores, CPU-bound below 6 cores, a core each from 6
+    # flow (1 GB/s, 50 us), so 4 such works share the machine's cores:
+    # CPU-bound below 4 cores, a core each from 4
     kernel, nbytes, hop = 5e8, 1e8, 5e-5
     job = build_job(options(steps=3), namespaces(cores, kernel), PROFILE)
     compute = 32 * 0.003 * max(1.0, 2 / cores)  # both ranks compute on the cores
-    ring = max(hop + nbytes / 1e9, nbytes / kernel * max(1.0, 6 / cores)) + hop
+    ring = max(hop + nbytes / 1e9, nbytes / kernel * max(1.0, 4 / cores)) + hop
     step = compute + ring
     assert simulate(job).time_s == pytest.approx(3 * step, rel=1e-6)
     # the analytic model: the ring at the kernel's rate where one end's
     # core bounds it, and the cores' demand per second kept within them
     assert estimate(job).samples_per_sec == pytest.approx(64 / step, rel=1e-3)
-
-
-@needs_simgrid
-def test_a_wait_that_sees_parts_arrive_polls_a_core():
-    # one async worker and its server in two namespaces of one machine, the
-    # kernel's work negligible: the exchange in parts keeps the leader's wait
-    # (and the server's, between parts) polling, which takes a core from the
-    # server's updates on 1 core and nothing on 3; one message each way
-    # backs off instead, and the cores do not matter
-    cluster = ClusterSpec(
-        name="t",
-        node_types=(
-            NodeType(name="w", count=1, devices=1, cores=1),
-            NodeType(name="ps", count=1, devices=0, cores=1),
-        ),
-        intra_node=LinkSpec(1e10, 1e-6),
-        inter_node=LinkSpec(1e9, 5e-5),
-        servers=ServerPlacement(("ps",), 1),
-        machine=MachineSpec(cores=1, kernel_bandwidth=1e15),
-    )
-
-    def seconds(cores: int, part_bytes: float) -> float:
-        machine = MachineSpec(cores=cores, kernel_bandwidth=1e15)
-        job = build_job(
-            options(mode="async", servers=1, steps=4),
-            replace(cluster, machine=machine),
-            PROFILE,
-        )
-        return simulate(replace(job, part_bytes=part_bytes)).time_s
-
-    assert seconds(1, 0) == pytest.approx(seconds(3, 0), rel=1e-9)
-    assert seconds(1, 1e7) > 1.02 * seconds(3, 1e7)  # (the updates are 0.02 s)
 
 
 @needs_simgrid
@@ -204,7 +171,6 @@ def test_a_fitted_kernel_gives_back_the_ring_it_was_fitted_on():
     ring = ring_allreduce_seconds(4, 1e8, 6e8, 5e-4)
     # (the latency hides under the cores' work: within 2%)
     assert simulate(job).time_s == pytest.approx(2 * ring, rel=0.02)
-    assert estimate(job).samples_per_sec == pytest.approx(4 * 32 / ring, rel=0.02)
 
 
 @needs_simgrid
@@ -268,26 +234,12 @@ def test_fit_network_recovers_the_latency_and_the_core(shared):
     assert fit_network(ring_records(4, 5e-5, NIC), cluster).core_Bps == 0.0
 
 
-def test_shared_seconds_is_processor_sharing_on_the_cores():
-    assert shared_seconds([1.0, 1.0], 0, 2) == 1.0  # a core each
-    assert shared_seconds([1.0, 1.0, 1.0, 1.0], 0, 2) == 2.0  # half a core each
-    assert shared_seconds([1.0], 1, 2) == 1.0  # a spinner takes the other core
-    assert shared_seconds([1.0, 1.0], 2, 2) == 2.0
-    # the short work ends at 1 (half a core), the long one then runs alone
-    assert shared_seconds([0.5, 1.0], 0, 1) == 1.5
-    assert shared_seconds([], 3, 2) == 0.0
-    with pytest.raises(ValueError, match="cores >= 1"):
-        shared_seconds([1.0], 0, 0)
-
-
 def test_kernel_bandwidth_solves_the_rings_phase_on_the_cores():
-    # 4 ranks, 2 links between namespaces, per byte of a phase: 2 x 2 ends
-    # at the kernel's rate, 2 copies at 5 GB/s, 4 ranks polling, 2 cores.
-    # 10 works at 0.2 core each until the copies end (5/copy), then 8 at
-    # 0.25: 4 (1/kernel - 1/copy) more, 1/copy + 4/kernel in all
+    # 4 ranks, 2 links between namespaces: per byte of a phase, 2 x 2 ends
+    # at the kernel's rate and 2 copies at 5 GB/s fill 2 cores for 1/0.6 ns
     kernel = kernel_bandwidth(6e8, ranks=4, crossings=2, cores=2, copy_Bps=5e9)
-    assert 1 / 5e9 + 4 / kernel == pytest.approx(1 / 6e8)
-    # copies and polls alone would take longer than the phase did: none fitted
+    assert 4 / kernel + 2 / 5e9 == pytest.approx(2 / 6e8)
+    # copies alone would take longer than the phase did: no kernel cost fitted
     assert kernel_bandwidth(6e8, ranks=4, crossings=2, cores=2, copy_Bps=5e8) == 0.0
 
 

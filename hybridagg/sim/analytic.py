@@ -83,7 +83,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .cores import shared_seconds
 from .job import PULL_COPIES, SimJob
 from .routes import link_between, up_link
 
@@ -177,21 +176,19 @@ def _hops(
 def _machine_byte_seconds(
     job: SimJob, nodes: list[int], pairs: list[tuple[int, int]], crossing: int
 ) -> float:
-    """On one machine's namespaces, the seconds per byte of the hops
-    ``pairs`` moving at once on its cores (:func:`.cores.shared_seconds`):
-    a hop between namespaces costs a core at each end (``1/kernel_Bps`` a
-    byte each), one inside a namespace a copy, and each rank of the
-    collective polls while they move (0: no machine)."""
+    """On one machine's namespaces, the seconds per byte of each of the
+    hops ``pairs`` moving at once on its cores: a hop between namespaces
+    costs a core at each end (``1/kernel_Bps`` a byte each), one inside a
+    namespace a copy; each work has at most one core (0: no machine)."""
     if not job.machine:
         return 0.0
     kernel = float(job.machine["kernel_Bps"])
-    works = [1.0 / kernel] * (2 * crossing) + [
-        1.0 / float(job.nodes[nodes[i]]["memcpy_Bps"])
-        for i, j in pairs
-        if nodes[i] == nodes[j]
-    ]
-    ranks = len({p for pair in pairs for p in pair})
-    return shared_seconds(works, ranks, int(job.machine["cores"]))
+    copies = [float(job.nodes[nodes[i]]["memcpy_Bps"]) for i, j in pairs
+              if nodes[i] == nodes[j]]  # fmt: skip
+    works = 2 * crossing + len(copies)
+    total = 2 * crossing / kernel + sum(1.0 / c for c in copies)
+    alone = max([1.0 / kernel] * (crossing > 0) + [1.0 / c for c in copies])
+    return max(alone, total / min(works, int(job.machine["cores"])) if works else 0.0)
 
 
 def _compute_and_ready(
@@ -486,8 +483,7 @@ def _push_seconds(
     the slowest stage's share, ``push + update + reply`` over ``parts`` plus
     ``(parts - 1) x`` the largest; while the push and the reply overlap they
     share the core switch, so a part's stage is at least both directions'
-    bytes over the core (on one machine's namespaces, at least their
-    kernel's work, the update and both ends' polls on its cores)."""
+    bytes over the core."""
     k = len(job.servers)
     shard = nbytes / k
     worst = 0.0
@@ -510,12 +506,6 @@ def _push_seconds(
         stage = max(transfer, seconds)
         if job.core is not None and s["node"] != leader:
             stage = max(stage, 2 * nbytes / float(job.core["bandwidth"]))
-        if job.machine and s["node"] != leader:
-            # on one machine's namespaces the push's and the reply's parts,
-            # the server's update and both ends' polls share its cores
-            kernel = shard / float(job.machine["kernel_Bps"])
-            works = [kernel] * 4 + [seconds]
-            stage = max(stage, shared_seconds(works, 2, int(job.machine["cores"])))
         piped = (2 * transfer + seconds + (parts - 1) * stage) / parts
         worst = max(worst, 2 * lat + piped + wait)
     return worst
@@ -876,9 +866,7 @@ def _node_work(job: SimJob, update: list[float]) -> dict[int, list[float]]:
 
 def _cores_wait(job: SimJob, cycles: list[float], update: list[float]) -> float:
     """The wait that keeps each node of shared cores within its cores: the
-    groups' core-seconds per second there at most ``cores`` (0 if they fit).
-    (The polls of exchanges in parts on one machine's cores are left out:
-    a poll takes a share of the cores, not a fixed amount of work.)"""
+    groups' core-seconds per second there at most ``cores`` (0 if they fit)."""
     worst = 0.0
     for n, per_group in _core_work(job, update).items():
         cores = float(job.machine["cores"] if n == MACHINE else job.nodes[n]["cores"])

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import ClusterSpec
-from .cores import shared_seconds
 from .profile import AllreduceFit, NetworkFit, Profile, ServerFit
 
 __all__ = [
@@ -225,36 +224,16 @@ def kernel_bandwidth(
 ) -> float:
     """A core's rate of moving bytes between namespaces at each end of a
     message, from a ring all-reduce across the namespaces of one machine
-    whose links carried ``link_Bps`` each (0: the rest explains it alone).
+    whose links carried ``link_Bps`` each (0: the copies alone explain it).
 
-    In each of the ring's phases every link moves the same bytes at once
-    and everything shares the machine's cores (:func:`.cores.shared_seconds`):
-    each of the ``crossings`` links between namespaces costs a core at
-    each end (``1/kernel`` a byte), each other link a copy
-    (``1/copy_Bps``), and every rank polls its wait while the bytes move
-    (a spinner). The rate solved for makes the phase last ``1/link_Bps`` a
-    byte.
+    In each of the ring's phases every link moves the same bytes ``s`` at
+    once, and they all share the machine's cores: ``crossings`` links
+    between namespaces cost ``s / kernel`` at each end, the others a copy
+    ``s / copy_Bps``. The cores bound the phase: ``(2 crossings / kernel +
+    (ranks - crossings) / copy_Bps) s = cores s / link_Bps``.
     """
-
-    def phase(kernel: float) -> float:
-        works = [1.0 / kernel] * (2 * crossings) + [1.0 / copy_Bps] * (
-            ranks - crossings
-        )
-        return shared_seconds(works, ranks, cores)
-
-    target = 1.0 / link_Bps
-    if shared_seconds([1.0 / copy_Bps] * (ranks - crossings), ranks, cores) >= target:
-        return 0.0
-    low, high = 1e3, 1e15  # bytes per second: the phase shortens as it grows
-    for _ in range(200):
-        mid = (low * high) ** 0.5
-        if phase(mid) > target:
-            low = mid
-        else:
-            high = mid
-        if high / low < 1 + 1e-12:
-            break
-    return high
+    rest = cores / link_Bps - (ranks - crossings) / copy_Bps
+    return 2 * crossings / rest if rest > 0 else 0.0
 
 
 def fit_server(

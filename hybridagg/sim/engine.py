@@ -148,10 +148,6 @@ def steady_rate(timeline: list[tuple[float, int]], end: float) -> float | None:
     return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
 
-_SPIN_S = 1e9
-"""A spinner's work: longer than any run (it is killed when its wait ends)."""
-
-
 def _even_bytes(total: float, count: int) -> list[int]:
     """``total`` bytes (rounded) cut into ``count`` whole parts as even as can be."""
     edges = [round(round(total) * i / count) for i in range(count + 1)]
@@ -172,8 +168,6 @@ class _Sim:
         self._latency: dict[tuple[int, int], float] = {}
         self._rings: dict[tuple[tuple[int, ...], bool], float] = {}
         self._eval_bucket = 0  # rank 0's last validation, as eval_every buckets
-        self._spinning: dict[Any, list] = {}  # a collective's hops left, its polls
-        self._seq: dict[tuple[int, str], int] = {}
         self._build_platform()
 
     # ------------------------------------------------------------- platform
@@ -340,46 +334,7 @@ class _Sim:
             self._latency[key] = a.route_to(b)[1]
         return self._latency[key]
 
-    def transfer(
-        self,
-        a,
-        b,
-        nbytes: float,
-        *,
-        server: bool = False,
-        spin: tuple[Any, int] | None = None,
-    ) -> None:
-        """Move ``nbytes`` from host ``a`` to ``b`` and wait (:meth:`_move`).
-
-        ``spin``: a collective's hop (:meth:`_spin`). On one machine's
-        namespaces its rank polls a core from the hop's start until the
-        collective's last hop ends (the run's waits test at full speed while
-        a collective advances, and no rank's part of a ring is done before
-        the others').
-        """
-        spinner = record = None
-        if spin is not None and self.machine is not None:
-            key, hops = spin
-            spinner = self._on_machine(_SPIN_S)
-            record = self._spinning.setdefault(key, [hops, []])
-            record[1].append(spinner)
-        self._move(a, b, nbytes, server=server)
-        if record is not None:
-            record[0] -= 1
-            if record[0] == 0:  # the collective's last hop: its polls end
-                for actor in record[1]:
-                    actor.kill()
-                del self._spinning[spin[0]]
-
-    def _spin(self, rank: int, kind: str, group: int, hops: int) -> tuple[Any, int]:
-        """``transfer``'s ``spin`` for ``rank``'s next collective of ``kind``
-        in ``group``, of ``hops`` hops (every member counts its own
-        collectives alike, so the keys match)."""
-        seq = self._seq.get((rank, kind), 0)
-        self._seq[(rank, kind)] = seq + 1
-        return (group, kind, seq), hops
-
-    def _move(self, a, b, nbytes: float, *, server: bool = False) -> None:
+    def transfer(self, a, b, nbytes: float, *, server: bool = False) -> None:
         """Move ``nbytes`` from host ``a`` to ``b`` and wait: a flow (its
         route's latency, then the bytes), or on a node of shared cores a
         memory copy executed on its cores after the node's latency (the
@@ -576,9 +531,7 @@ class _Sim:
             if shared["bcast"] and n > 1:
                 # (the leader flattened the weights before the barrier)
                 if position < n - 1:
-                    self.transfer(
-                        host, nxt, nbytes, spin=self._spin(rank, "bcast", group, n - 1)
-                    )
+                    self.transfer(host, nxt, nbytes)
                 barrier.wait()
                 if chain_rest > 0:
                     self.sg.this_actor.sleep_for(chain_rest)
@@ -748,8 +701,7 @@ class _Sim:
             for _ready, share in job.buckets[:-1]:  # (the worker runs the last)
                 ready.acquire()
                 joined.wait()  # a ring moves once every rank has the bucket
-                spin = self._spin(ranks[position], "ring", group, n)
-                self.transfer(host, nxt, per_link * share, spin=spin)
+                self.transfer(host, nxt, per_link * share)
                 if rest > 0:
                     sg.this_actor.sleep_for(rest)
             done.release()
@@ -768,7 +720,6 @@ class _Sim:
             self.transfer(
                 host, self.worker_host[ranks[(position + 1) % n]],
                 2 * (n - 1) / n * job.grad_bytes * share,
-                spin=self._spin(ranks[position], "ring", group, n),
             )  # fmt: skip
             rest = (2 * n - 3) * self._ring_latency(ranks, True)
             if rest > 0:
@@ -778,9 +729,8 @@ class _Sim:
         chain = (n - 2) * self._ring_latency(ranks, False) if n > 2 else 0.0
         if position > 0:
             self.transfer(
-                host, self.worker_host[ranks[position - 1]], job.grad_bytes * share,
-                spin=self._spin(ranks[position], "reduce", group, n - 1),
-            )  # fmt: skip
+                host, self.worker_host[ranks[position - 1]], job.grad_bytes * share
+            )
         if n > 1:
             shared["reduce_barrier"].wait()
         if position == 0:
@@ -791,7 +741,6 @@ class _Sim:
             self.transfer(
                 host, self.worker_host[leaders[(group + 1) % count]],
                 2 * (count - 1) / count * job.grad_bytes * share,
-                spin=self._spin(ranks[position], "cross", -1, count),
             )  # fmt: skip
             rest = (2 * count - 3) * self._ring_latency(leaders, True)
             if rest > 0:
@@ -801,9 +750,8 @@ class _Sim:
             shared["bcast_barrier"].wait()  # the leader has the sum
             if position < n - 1:
                 self.transfer(
-                    host, self.worker_host[ranks[position + 1]], job.grad_bytes * share,
-                    spin=self._spin(ranks[position], "down", group, n - 1),
-                )  # fmt: skip
+                    host, self.worker_host[ranks[position + 1]], job.grad_bytes * share
+                )
             shared["bcast_barrier"].wait()
             if chain > 0:
                 sg.this_actor.sleep_for(chain)
@@ -825,8 +773,7 @@ class _Sim:
             for _ready, share in job.buckets:
                 ready.acquire()
                 if prev is not None:
-                    spin = self._spin(ranks[position], "reduce", group, n - 1)
-                    self.transfer(host, prev, job.grad_bytes * share, spin=spin)
+                    self.transfer(host, prev, job.grad_bytes * share)
                 if n > 1:
                     shared["reduce_barrier"].wait()
                 if position == 0:
@@ -850,8 +797,7 @@ class _Sim:
         while True:
             for _ready, share in job.buckets:
                 shared["to_cross"].acquire()
-                spin = self._spin(leaders[group], "cross", -1, count)
-                self.transfer(host, nxt, per_link * share, spin=spin)
+                self.transfer(host, nxt, per_link * share)
                 if rest > 0:
                     sg.this_actor.sleep_for(rest)
                 self.cross_barrier.wait()
@@ -877,8 +823,7 @@ class _Sim:
                 if n > 1:
                     shared["bcast_barrier"].wait()  # the leader has the sum
                     if nxt is not None:
-                        spin = self._spin(ranks[position], "down", group, n - 1)
-                        self.transfer(host, nxt, job.grad_bytes * share, spin=spin)
+                        self.transfer(host, nxt, job.grad_bytes * share)
                     shared["bcast_barrier"].wait()
                     if rest > 0:
                         sg.this_actor.sleep_for(rest)
@@ -1045,16 +990,8 @@ class _Sim:
         held_version: dict[int, int] = {}  # the version a held reply carries
         pushes: dict[int, tuple[int, bool]] = {}  # group: (its version, held)
         master = job.master_bytes / len(job.servers)  # (a bank's too)
-        receiving: set[int] = set()  # groups whose push is partly here
         while True:
-            spinner = self._poll(bool(receiving))  # the next part is coming
             group, pulled, samples, part, parts = me.get()
-            if spinner is not None:
-                spinner.kill()
-            if part < parts - 1:
-                receiving.add(group)
-            else:
-                receiving.discard(group)
             if group == PULL[0]:
                 self._serve_pull(host)
                 continue
@@ -1106,24 +1043,11 @@ class _Sim:
         copies it); returns the newest version."""
         me = self.groups_shared[group]["mailbox"]
         missing, version = sum(self.parts[group]), 0
-        # (parts arriving one after another: the run's wait polls at full speed)
-        spinner = self._poll(missing > len(self.server_host))
         while missing > 0:
             got, units = me.get()
             version, missing = max(version, got), missing - units
-        if spinner is not None:
-            spinner.kill()
         self._copy_in(host, self.group_shard[group])
         return version
-
-    def _poll(self, active: bool):
-        """On one machine's namespaces, a core's work while a wait that sees
-        its operation advance polls at full speed (``active``); kill it when
-        the wait ends. ``None`` otherwise (a wait that backs off, or a
-        cluster of machines)."""
-        if not active or self.machine is None:
-            return None
-        return self._on_machine(_SPIN_S)
 
     def _copy_in(self, host, nbytes: float) -> None:
         """``nbytes`` from each server on ``host``'s node of shared cores,
