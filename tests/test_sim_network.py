@@ -154,6 +154,20 @@ def test_a_ring_across_namespaces_shares_the_machines_cores(cores):
 
 
 @needs_simgrid
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_rank_waiting_for_its_ring_polls_a_core_of_the_machine(cores):
+    # rank 1 computes twice rank 0's 0.096 s. On 1 core both compute at half
+    # speed until rank 0 is done (0.192 s); rank 0 then polls at the ring's
+    # barrier, so rank 1's last 0.096 s still run at half speed (0.384 s in
+    # all). On 2 cores each has one. Then the ring (the kernel negligible:
+    # 100 MB over 1 GB/s, two 50 us latencies)
+    job = build_job(options(steps=3, slowdown="1:2"), namespaces(cores, 1e15), PROFILE)
+    compute = 0.384 if cores == 1 else 0.192
+    step = compute + 1e8 / 1e9 + 2 * 5e-5
+    assert simulate(job).time_s == pytest.approx(3 * step, rel=1e-6)
+
+
+@needs_simgrid
 def test_a_fitted_kernel_gives_back_the_ring_it_was_fitted_on():
     # the four-worker emulated cluster as one 2-core machine's namespaces:
     # the ring measured across it (links at 0.6 GB/s) is fitted as the

@@ -148,6 +148,10 @@ def steady_rate(timeline: list[tuple[float, int]], end: float) -> float | None:
     return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
 
+_POLL_S = 1e9
+"""A polling wait's work: longer than any run (it is killed when the wait ends)."""
+
+
 def _even_bytes(total: float, count: int) -> list[int]:
     """``total`` bytes (rounded) cut into ``count`` whole parts as even as can be."""
     edges = [round(round(total) * i / count) for i in range(count + 1)]
@@ -402,6 +406,17 @@ class _Sim:
         self.sg.Actor.self().daemonize()
         self.transfer(src, dst, nbytes)
         box.put_init(payload, 0).detach()
+
+    def _join(self, barrier) -> None:
+        """Wait at ``barrier`` for the group's other ranks to start their
+        ring; on one machine's namespaces the waiting rank polls a core
+        meanwhile (its posted ring tests its requests in a loop: py-spy saw
+        a quarter of a waiting rank's samples there, bench/RESULTS.md), an
+        execution longer than any run, killed when the wait ends."""
+        spinner = None if self.machine is None else self._on_machine(_POLL_S)
+        barrier.wait()
+        if spinner is not None:
+            spinner.kill()
 
     def _ring_latency(self, ranks: list[int], closed: bool) -> float:
         """The largest latency of the ring (``closed``) or chain over ``ranks``
@@ -700,7 +715,7 @@ class _Sim:
         while True:
             for _ready, share in job.buckets[:-1]:  # (the worker runs the last)
                 ready.acquire()
-                joined.wait()  # a ring moves once every rank has the bucket
+                self._join(joined)  # a ring moves once every rank has the bucket
                 self.transfer(host, nxt, per_link * share)
                 if rest > 0:
                     sg.this_actor.sleep_for(rest)
@@ -716,7 +731,7 @@ class _Sim:
         host = self.worker_host[ranks[position]]
         if not job.hierarchical:
             if n > 1:  # a ring moves once every rank has the bucket
-                self.groups_shared[group]["ring_barrier"].wait()
+                self._join(self.groups_shared[group]["ring_barrier"])
             self.transfer(
                 host, self.worker_host[ranks[(position + 1) % n]],
                 2 * (n - 1) / n * job.grad_bytes * share,
