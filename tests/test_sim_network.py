@@ -115,7 +115,7 @@ def test_the_machine_of_namespaces_is_read_from_the_cluster_file_and_checked(
             "{machine}", "machine: {cores: 2, kernel_bandwidth: 1GB/s}\n"
         )
     )
-    with pytest.raises(ValueError, match="every node type needs cores .not n."):
+    with pytest.raises(ValueError, match=r"every node type needs cores \(not n\)"):
         load_cluster(path)
     four = load_cluster("examples/clusters/four-workers-10g.yaml")
     assert four.machine is not None and four.machine.cores == 2
