@@ -74,12 +74,18 @@ def test_a_core_switch_is_read_from_the_cluster_file_and_checked(tmp_path):
         text.replace("{core}", "  core: {bandwidth: 12Gb/s, latency: 2us}\n")
     )
     assert load_cluster(path).core == LinkSpec(1.5e9, 2e-6)
-    for bad, message in (
+    refused(path, text, "{core}", (
         ("  core: {bandwidth: 0Gb/s}\n", "links.core"),
         ("  core: {latency: 2us}\n", "links.core.*bandwidth"),
         ("  core: {bandwidth: 1GB/s, speed: 2}\n", "links.core.*speed"),
-    ):
-        path.write_text(text.replace("{core}", bad))
+    ))  # fmt: skip
+
+
+def refused(path, text: str, slot: str, cases) -> None:
+    """Each ``(bad, message)`` of ``cases`` put in ``text``'s ``slot`` makes
+    a cluster file that is refused with ``message``."""
+    for bad, message in cases:
+        path.write_text(text.replace(slot, bad))
         with pytest.raises(ValueError, match=message):
             load_cluster(path)
 
@@ -99,16 +105,13 @@ def test_the_machine_of_namespaces_is_read_from_the_cluster_file_and_checked(
         text.replace("{machine}", "machine: {cores: 2, kernel_bandwidth: 8Gb/s}\n")
     )
     assert load_cluster(path).machine == MachineSpec(cores=2, kernel_bandwidth=1e9)
-    for bad, message in (
-        ("machine: {cores: 0, kernel_bandwidth: 1GB/s}", "machine.cores.*>= 1"),
-        ("machine: {cores: 2}", "machine.kernel_bandwidth: missing"),
-        ("machine: {cores: 2, kernel_bandwidth: 0GB/s}", "machine.kernel_bandwidth"),
-        ("machine: {cores: 2, kernel_bandwidth: 1GB/s, numa: 2}", "machine.*numa"),
-        ("machine: 2", "machine.*mapping"),
-    ):
-        path.write_text(text.replace("{machine}", bad + "\n"))
-        with pytest.raises(ValueError, match=message):
-            load_cluster(path)
+    refused(path, text, "{machine}", (
+        ("machine: {cores: 0, kernel_bandwidth: 1GB/s}\n", "machine.cores.*>= 1"),
+        ("machine: {cores: 2}\n", "machine.kernel_bandwidth: missing"),
+        ("machine: {cores: 2, kernel_bandwidth: 0GB/s}\n", "machine.kernel_bandwidth"),
+        ("machine: {cores: 2, kernel_bandwidth: 1GB/s, numa: 2}\n", "machine.*numa"),
+        ("machine: 2\n", "machine.*mapping"),
+    ))  # fmt: skip
     # namespaces share the machine's cores: a node of devices of its own is not one
     path.write_text(
         text.replace("cores: 1}", "}").replace(
