@@ -178,8 +178,8 @@ class ClusterSpec:
     core: LinkSpec | None = None
     """the core switch every message between nodes crosses, its bandwidth
     shared by all of them whichever way they go (a cluster's bisection
-    bandwidth; an emulated cluster's kernel forwarding on shared cores);
-    ``None``: it never limits"""
+    bandwidth; an emulated cluster's kernel forwarding on shared cores is
+    ``machine``'s); ``None``: it never limits"""
     machine: MachineSpec | None = None
     """the machine whose namespaces the nodes are (an emulated cluster);
     ``None``: the nodes are machines"""
