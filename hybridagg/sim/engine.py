@@ -961,32 +961,23 @@ class _Sim:
         sizes = self.part_sizes[group]
         boxes = [sg.Mailbox.by_name(f"server{s}") for s in targets]
         host = self.worker_host[self.job.groups[group][0]]
-        if self.machine is not None:  # (couriers carry the parts: see _post)
-            while True:
-                head = outbox.get()
-                for part, size in enumerate(sizes):
-                    couriers = [
-                        self._post(
-                            sg.Mailbox.by_name(f"server{s}"),
-                            (*head, part, len(sizes)),
-                            size,
-                            host,
-                            self.server_host[s],
-                        )
-                        for s in targets
-                    ]
-                    for courier in couriers:
-                        if courier is not None:
-                            courier.join()
         while True:
             head = outbox.get()
             for part, size in enumerate(sizes):
-                flows = [
-                    box.put_async((*head, part, len(sizes)), round(size))
-                    for box in boxes
+                payload = (*head, part, len(sizes))
+                if self.machine is None:
+                    flows = [box.put_async(payload, round(size)) for box in boxes]
+                    for flow in flows:
+                        flow.wait()
+                    continue
+                # (between one machine's namespaces couriers carry them: _post)
+                couriers = [
+                    self._post(box, payload, size, host, self.server_host[s])
+                    for s, box in zip(targets, boxes, strict=True)
                 ]
-                for flow in flows:
-                    flow.wait()
+                for courier in couriers:
+                    if courier is not None:
+                        courier.join()
 
     def server(self, index: int) -> None:
         """Serve pushes in arrival order, part by part (a push from another
